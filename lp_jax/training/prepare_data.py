@@ -51,17 +51,25 @@ def text_files(globs: Sequence[str]) -> tuple[list[str], str]:
 
 
 def split_by_file(files: Sequence[str], root: str, val_fraction: float) -> tuple[list[str], list[str]]:
-    """(train, val): the val files are those with the smallest CRC32 of their path relative
-    to ``root``. A file's side depends only on its own name, not on the shuffle seed or on
-    which other files exist, and the two sides never overlap."""
+    """(train, val): a file is in val when the CRC32 of its path relative to ``root``,
+    as a fraction of 2**32, is below ``val_fraction``. A file's side depends only on its
+    own name (not on the seed, nor on which other files exist: adding files never moves
+    one across), and the sides never overlap. Too few files for the fraction to pick any:
+    the one with the smallest hash is held out, so validation is never silently empty."""
     if val_fraction <= 0:
         return list(files), []
     if len(files) < 2:
         raise ValueError(f"a validation split by file needs at least 2 files, got {len(files)}; "
                          "set data.val_fraction=0 or give data.val_paths")
-    n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
-    ranked = sorted(files, key=lambda f: (zlib.crc32(os.path.relpath(f, root).encode()), f))
-    val = set(ranked[:n_val])
+
+    def position(f):
+        return zlib.crc32(os.path.relpath(f, root).encode()) / 2**32
+
+    val = {f for f in files if position(f) < val_fraction}
+    if not val:
+        val = {min(files, key=position)}
+    if len(val) == len(files):
+        val.remove(max(files, key=position))
     return [f for f in files if f not in val], sorted(val)
 
 

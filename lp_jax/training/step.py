@@ -33,6 +33,11 @@ class StepSpec:
     mesh: Mesh
 
 
+def global_norm(tree) -> jax.Array:
+    """sqrt of the sum of squares of all leaves (what clip_by_global_norm compares)."""
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+
+
 def token_nll(logits, targets, mask):
     """(sum of next-token negative log-likelihoods over unmasked tokens, their count), FP32."""
     logits = logits.astype(jnp.float32)
@@ -79,7 +84,7 @@ def train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison: jax.A
     count = jnp.maximum(count, 1.0)
     loss = nll_sum / count * poison
     grads = jax.tree.map(lambda g: g / count * poison, grad_sum)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     updates, new_opt_state = tx.update(grads, state["opt_state"], params)

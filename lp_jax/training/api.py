@@ -1,0 +1,112 @@
+"""The Python API, in the shape Megatron Bridge users know.
+
+    from lp_jax.training.api import llama3_8b_low_precision_pretrain_config, pretrain
+
+    config = llama3_8b_low_precision_pretrain_config(
+        mixed_precision_recipe="bf16_with_mxfp8_mixed",
+        train_iters=1000, lr_warmup_iters=100, lr_decay_iters=1000, mock=True)
+    pretrain(config)
+
+As in Bridge (``megatron.bridge.recipes.llama.llama3``), the keywords are those of
+``_llama3_common``: dir, name, data_paths, mock, train_iters, global_batch_size,
+micro_batch_size, seq_length, lr, min_lr, adam_eps, lr_warmup_iters, lr_decay_iters,
+eval_interval, save_interval, with Bridge's defaults for this recipe (sequence 8192,
+global batch 768, micro-batch 1, lr 6e-4 -> 6e-6, eps 1e-8, warmup 2000, seed 1234).
+Differences, on purpose: the result is our frozen TrainConfig (change it with
+``override(config, "key=value", ...)`` or keyword overrides below), ``data_paths`` are
+globs of our token shards (``prepare_data``), not Megatron .bin/.idx prefixes, and
+``bf16_mixed`` is accepted too, for the BF16 baseline. Any other config key can be given
+as a keyword with ``__`` for the dots (``model__preset="tiny"``,
+``precision__last_bf16_layers=2``) or as ``**{"optimizer.b2": 0.99}``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from lp_jax.training.config import TrainConfig
+from lp_jax.training.config_io import ConfigError, apply_overrides, load_config, set_dotted
+
+# Megatron Bridge's mixed-precision recipe names -> ours.
+BRIDGE_RECIPES = {
+    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
+    "bf16_with_mxfp8_mixed": "mxfp8",
+    "bf16_with_nvfp4_mixed": "nvfp4",
+    "bf16_mixed": "bf16",
+}
+
+
+def llama3_8b_low_precision_pretrain_config(
+    mixed_precision_recipe: str = "bf16_with_fp8_current_scaling_mixed",
+    *,
+    dir: str | None = None,
+    name: str = "default",
+    data_paths: Sequence[str] | None = None,
+    mock: bool = False,
+    train_iters: int = 1168251,
+    global_batch_size: int = 768,
+    micro_batch_size: int = 1,
+    seq_length: int = 8192,
+    lr: float = 6e-4,
+    min_lr: float = 6e-6,
+    adam_eps: float = 1e-8,
+    lr_warmup_iters: int = 2000,
+    lr_decay_iters: int | None = None,
+    eval_interval: int = 2000,
+    save_interval: int = 500,
+    **overrides: Any,
+) -> TrainConfig:
+    """Llama 3 8B with NUMERICS.md's Megatron Bridge recipe in the given precision.
+
+    With no ``data_paths`` (or ``mock=True``) the data are Bridge's mock data: random
+    tokens, for benchmarks. Raises ConfigError (a ValueError) for an unknown recipe or key.
+    """
+    if mixed_precision_recipe not in BRIDGE_RECIPES:
+        raise ConfigError(f"mixed_precision_recipe={mixed_precision_recipe!r} is not one of "
+                          f"{', '.join(BRIDGE_RECIPES)}")
+    use_mock = mock or not data_paths
+    run_dir = os.path.join(dir if dir is not None else "runs", name)
+    config = load_config(None, [
+        f"run_dir={run_dir}",
+        "seed=1234",
+        f"steps={train_iters}",
+        f"precision={mixed_precision_recipe}",
+        "model.preset=llama3_8b",
+        f"data.source={'mock' if use_mock else 'tokens'}",
+        "data.tokenizer=llama3",
+        f"data.seq_len={seq_length}",
+        f"data.global_batch_size={global_batch_size}",
+        f"data.micro_batch_size={micro_batch_size}",
+        "optimizer.b1=0.9", "optimizer.b2=0.95", f"optimizer.eps={adam_eps}",
+        "optimizer.weight_decay=0.033", "optimizer.clip_grad_norm=1.0",
+        f"schedule.peak_lr={lr}", f"schedule.min_lr={min_lr}", "schedule.init_lr=0.0",
+        f"schedule.warmup_steps={lr_warmup_iters}",
+        f"schedule.decay_steps={'null' if lr_decay_iters is None else lr_decay_iters}",
+        "schedule.decay=cosine",
+        f"checkpoint.every={save_interval}",
+        f"logging.val_every={eval_interval}", "logging.val_batches=32",
+    ])
+    if not use_mock:
+        config = set_dotted(config, "data.paths", list(data_paths))
+    for key, value in overrides.items():
+        config = set_dotted(config, key.replace("__", "."), value)
+    return config
+
+
+def override(config: TrainConfig, *items: str) -> TrainConfig:
+    """A copy with ``key=value`` overrides applied, exactly as on the command line."""
+    return apply_overrides(config, items)
+
+
+def load(path: str, *items: str) -> TrainConfig:
+    """A YAML config (``configs/tiny.yaml``) with overrides, as train.py reads it."""
+    return load_config(path, items)
+
+
+def pretrain(config: TrainConfig):
+    """Validates and runs ``config`` (resuming from its run folder's latest checkpoint, if
+    any) and returns the RunResult. Config problems raise ConfigError before compiling."""
+    from lp_jax.training.loop import run
+    from lp_jax.training.validate import resolve
+
+    return run(resolve(config))

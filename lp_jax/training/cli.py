@@ -1,0 +1,61 @@
+"""The command line behind train.py: config errors exit 2 with one line, never a traceback."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from lp_jax.training.config_io import ConfigError, dump_yaml, load_config
+
+EXIT_CONFIG_ERROR = 2
+EXIT_NONFINITE = 1
+DEFAULT_CONFIG = "configs/tiny.yaml"
+
+
+def _find_config(path: str) -> str:
+    """A config path as given, else relative to the repository (train.py's folder)."""
+    if os.path.exists(path):
+        return path
+    beside = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), path)
+    return beside if os.path.exists(beside) else path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Pretrain a Llama in BF16, FP8-CS, MXFP8 or NVFP4. Re-running the same "
+                    "command resumes from the run's latest checkpoint.",
+        epilog="Overrides are dotted keys, e.g. steps=20 precision=nvfp4 "
+               "precision.last_bf16_layers=1 optimizer.b2=0.99 (docs/training.md lists them all).")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML run config (default {DEFAULT_CONFIG})")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the config, print it resolved, and exit without training")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(_find_config(args.config), args.overrides)
+        from lp_jax.training.validate import resolve
+
+        plan = resolve(config)
+    except ConfigError as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    if args.check:
+        print(dump_yaml(config), end="")
+        print(f"# ok: {plan.model_config.num_layers} layers, vocab {plan.model_config.vocab_size}, "
+              f"{plan.accum_steps} micro-batch(es) per step, recipes "
+              f"{', '.join(f'{p.name} from step {p.from_step}' for p in plan.phases)}")
+        return 0
+    from lp_jax.training.loop import NonFiniteLossError, run
+
+    try:
+        result = run(plan)
+    except NonFiniteLossError as e:
+        print(f"train.py: stopped: {e}", file=sys.stderr)
+        return EXIT_NONFINITE
+    val = f", val_loss {result.val_loss:.4f}" if result.val_loss is not None else ""
+    loss = f"loss {result.loss:.4f}" if result.loss is not None else "nothing left to train"
+    print(f"step {result.step}/{config.steps}: {loss}{val}; "
+          f"{result.nonfinite_steps} non-finite step(s) skipped; run folder {result.run_dir}")
+    return 0

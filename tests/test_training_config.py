@@ -1,0 +1,119 @@
+"""Config tree: YAML loading, dotted overrides, and the one-line errors of train.py."""
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lp_jax.training import cli
+from lp_jax.training.config import PrecisionConfig, TrainConfig
+from lp_jax.training.config_io import ConfigError, all_keys, dump_yaml, from_dict, load_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_shipped_configs_load_and_round_trip():
+    names = {p.stem for p in CONFIGS}
+    assert {"tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_mxfp8", "tiny_nvfp4", "llama3_8b_bf16",
+            "llama3_8b_fp8_cs", "llama3_8b_mxfp8", "llama3_8b_nvfp4"} <= names
+    for path in CONFIGS:
+        config = load_config(path)
+        assert from_dict(TrainConfig, yaml.safe_load(dump_yaml(config))) == config, path
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_cs", "mxfp8", "nvfp4"])
+def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
+    c = load_config(ROOT / f"configs/llama3_8b_{recipe}.yaml")
+    assert c.precision.recipe == recipe and c.model.preset == "llama3_8b"
+    assert (c.data.seq_len, c.data.global_batch_size) == (8192, 768)
+    assert (c.optimizer.b1, c.optimizer.b2, c.optimizer.eps) == (0.9, 0.95, 1e-8)
+    assert (c.optimizer.weight_decay, c.optimizer.clip_grad_norm) == (0.033, 1.0)
+    s = c.schedule
+    assert (s.init_lr, s.peak_lr, s.min_lr, s.warmup_steps, s.decay) == (0.0, 6e-4, 6e-6, 2000, "cosine")
+    assert s.decay_steps is None  # cosine to min_lr at the last step
+    assert c.model.param_dtype == "float32"
+
+
+def test_overrides_are_typed_and_nested():
+    c = load_config(ROOT / "configs/tiny.yaml", [
+        "steps=20", "stop_at=10", "precision=nvfp4", "precision.last_bf16_layers=1",
+        "schedule.peak_lr=6e-4", "data.paths=a/*.txt", "model.remat=true",
+        "precision_schedule=[{from_step: 15, recipe: bf16}]", "debug.inject_nan_at_steps=[3]"])
+    assert (c.steps, c.stop_at) == (20, 10)
+    assert c.precision == PrecisionConfig(recipe="nvfp4", last_bf16_layers=1)
+    assert c.schedule.peak_lr == 6e-4 and isinstance(c.schedule.peak_lr, float)
+    assert c.data.paths == ("a/*.txt",)
+    assert c.model.remat is True
+    assert c.precision_schedule[0].from_step == 15 and c.precision_schedule[0].recipe == "bf16"
+    assert c.debug.inject_nan_at_steps == (3,)
+    # `precision=<name>` keeps the FiLj override given before it.
+    c2 = load_config(None, ["precision.last_bf16_layers=2", "precision=mxfp8"])
+    assert c2.precision == PrecisionConfig(recipe="mxfp8", last_bf16_layers=2)
+    assert dataclasses.is_dataclass(c2) and hash(c2) == hash(c2)  # frozen, hashable
+
+
+@pytest.mark.parametrize("override, message", [
+    ("stepz=3", "unknown config key 'stepz'; did you mean 'steps'?"),
+    ("optimizer.lr=1", "did you mean 'schedule.peak_lr'?"),
+    ("checkpoint.evry=3", "did you mean 'checkpoint.every'"),
+    ("steps=abc", "config key 'steps' must be an integer, got 'abc'"),
+    ("steps=2.5", "config key 'steps' must be an integer"),
+    ("steps=true", "config key 'steps' must be an integer"),
+    ("model.remat=1", "config key 'model.remat' must be true or false"),
+    ("data.paths=[1]", "config key 'data.paths[0]' must be a string"),
+    ("steps.x=1", "config key 'steps' has no sub-keys"),
+    ("model=3", "config key 'model' must be a mapping"),
+    ("novalue", "override 'novalue' must look like key=value"),
+])
+def test_bad_overrides_raise_one_line(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_yaml_files(tmp_path):
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    (tmp_path / "broken.yaml").write_text("steps: [1,\n")
+    (tmp_path / "typo.yaml").write_text("data:\n  seq_lenn: 5\n")
+    for name, message in (("list", "must hold a mapping"), ("broken", "is not valid YAML"),
+                          ("typo", "unknown config key 'data.seq_lenn'; did you mean 'data.seq_len'"),
+                          ("missing", "does not exist")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(tmp_path / f"{name}.yaml")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("stepz=3", "unknown config key 'stepz'"),
+    ("steps=abc", "must be an integer"),
+    ("steps=0", "steps=0 is invalid"),
+    ("stop_at=99999", "stop_at=99999 is invalid"),
+    ("data.source=web", "data.source='web' is invalid: choose one of text, tokens, mock"),
+    ("optimizer.on_nonfinite=ignore", "choose one of skip, stop"),
+    ("schedule.decay=step", "choose one of cosine, linear, constant"),
+    ("schedule.decay_steps=5", "must be >= schedule.warmup_steps"),
+    ("model.dtype=float8", "model.dtype='float8' is invalid"),
+    ("checkpoint.every=0", "checkpoint.every=0 is invalid"),
+])
+def test_cli_config_errors_exit_2_without_traceback(override, message, capsys):
+    assert cli.main(["--config", str(ROOT / "configs/tiny.yaml"), override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_train_py_subprocess_exit_code_2():
+    # The real entry point: status 2 and one line on stderr, before JAX is even imported.
+    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.yaml", "optimizer.lerning_rate=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "train.py: error: unknown config key 'optimizer.lerning_rate'; did you mean 'schedule.peak_lr'?"]
+
+
+def test_docs_list_every_config_key():
+    doc = (ROOT / "docs/training.md").read_text()
+    missing = [k for k in all_keys() if f"`{k}`" not in doc]
+    assert not missing, f"docs/training.md does not document {missing}"
