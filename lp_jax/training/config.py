@@ -67,8 +67,13 @@ class ModelConfig:
     tie_embeddings: Optional[bool] = None
     max_seq_len: Optional[int] = None
     init_std: Optional[float] = None
+    # Scan over runs of identical layers (compile time that does not grow with depth).
     scan_layers: Optional[bool] = None
-    remat: Optional[bool] = None
+    # Activation checkpointing per layer: none | full | dots_saveable |
+    # dots_with_no_batch_dims_saveable (models.llama.REMAT_POLICIES).
+    remat: Optional[str] = None
+    # xla (any platform) | cudnn (GPU flash attention)
+    attention_impl: Optional[str] = None
     # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
     # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
     dtype: str = "bfloat16"

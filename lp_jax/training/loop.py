@@ -101,7 +101,10 @@ def run(plan: Plan) -> RunResult:
         return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
 
     def with_recipe(model, phase):
-        lp_jax.apply_recipe(model, phase.recipe)
+        report = lp_jax.apply_recipe(model, phase.recipe)
+        say(str(report).splitlines()[0])
+        if phase.recipe.quantized and not report.quantized:
+            say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
         return split_model(model)[0]
 
     phase = plan.phase_at(start + 1)
@@ -164,7 +167,7 @@ def run(plan: Plan) -> RunResult:
                             f"(optimizer.on_nonfinite=stop); the last checkpoint (step "
                             f"{saved_step}) is untouched")
                 tflops = flops_per_step / seconds / jax.device_count() / 1e12
-                peak = metrics_lib.peak_tflops(device.device_kind, phase.name)
+                peak = metrics_lib.peak_tflops(device.device_kind, phase.recipe.name)
                 values = {"loss": loss, "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
                           "tokens_per_sec": tokens_per_step / seconds,
                           "tflops_per_device": tflops, "step_time_s": seconds,

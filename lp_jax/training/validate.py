@@ -101,9 +101,10 @@ def _check_scalars(c: TrainConfig) -> None:
     for key in ("peak_lr", "min_lr", "init_lr"):
         _fail_unless(getattr(s, key) >= 0, f"schedule.{key}", getattr(s, key), "must be >= 0")
     _fail_unless(s.warmup_steps >= 0, "schedule.warmup_steps", s.warmup_steps, "must be >= 0")
-    decay_steps = s.decay_steps if s.decay_steps is not None else c.steps
-    _fail_unless(decay_steps >= s.warmup_steps, "schedule.decay_steps", decay_steps,
-                 f"must be >= schedule.warmup_steps={s.warmup_steps} (null means steps={c.steps})")
+    # decay_steps below warmup_steps is allowed: a short look at a long config (steps=12)
+    # simply stays in the warmup.
+    _fail_unless(s.decay_steps is None or s.decay_steps >= 1, "schedule.decay_steps",
+                 s.decay_steps, "must be at least 1 (null means steps)")
     _fail_unless(c.checkpoint.every >= 1, "checkpoint.every", c.checkpoint.every, "must be at least 1")
     _fail_unless(c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "must be at least 1")
     lg = c.logging
@@ -180,11 +181,11 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{key}: {_one_line(e)}") from None
     # The recipe's own FiLj defaults (NVFP4 keeps the last 4 layers in BF16) must fit too.
-    for name in ("first_bf16_layers", "last_bf16_layers"):
-        value = getattr(recipe, name, None)
-        if isinstance(value, int) and value > num_layers:
-            raise ConfigError(f"{key}: recipe {p.recipe!r} keeps {name}={value} but the model has "
-                              f"{num_layers} layers; set {key}.{name} (0..{num_layers})")
+    first, last = recipe.first_bf16_layers, recipe.last_bf16_layers
+    if recipe.quantized and first + last > num_layers:
+        raise ConfigError(f"{key}: layer policy {recipe.policy} of recipe {p.recipe!r} keeps "
+                          f"{first + last} layers in BF16 but the model has {num_layers}; set "
+                          f"{key}.first_bf16_layers / {key}.last_bf16_layers (sum <= {num_layers})")
     return recipe
 
 
