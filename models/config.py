@@ -131,10 +131,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=384, hidden_size=128, intermediate_size=384, num_layers=4,
                  num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
                  max_seq_len=256),
-    # GPT-3 Small's shape (d 768, 12 layers) with Llama 3 parts and the Llama 3 vocabulary;
-    # tied embeddings, since the 128k vocabulary alone is 98M parameters.
-    "llama3_125m": dict(vocab_size=128_256, hidden_size=768, intermediate_size=2048,
-                        num_layers=12, num_heads=12, num_kv_heads=4, head_dim=64,
+    # 131M in all with the Llama 3 vocabulary (74M of it the tied embedding, 57M in 16
+    # layers); SmolLM-135M's width (576, 9 heads, 3 KV heads, FFN 1536), 16 layers deep.
+    "llama3_125m": dict(vocab_size=128_256, hidden_size=576, intermediate_size=1536,
+                        num_layers=16, num_heads=9, num_kv_heads=3, head_dim=64,
                         tie_embeddings=True, max_seq_len=2048, **_LLAMA3_ROPE),
     # Llama 3.2 1B exactly (so its HF checkpoint imports), trained at 8192.
     "llama3_1b": dict(vocab_size=128_256, hidden_size=2048, intermediate_size=8192,

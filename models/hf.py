@@ -158,7 +158,9 @@ def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
     out = {}
     for name, p, transpose in tensor_map(cfg):
         src = np.asarray(flat[p][...])
-        array = np.ascontiguousarray(src.T if transpose else src).astype(dt)
+        src = src.T if transpose else src
+        with np.errstate(over="ignore"):  # overflow is detected just below, with a clear error
+            array = np.ascontiguousarray(src).astype(dt)
         if not np.array_equal(np.isfinite(array), np.isfinite(src)):
             raise HFError(f"tensor {name} has values that {dt.name} cannot represent (overflow); "
                           f"export in float32 or bfloat16")
@@ -240,7 +242,8 @@ def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llam
         with ocp.StandardCheckpointer() as ckptr:
             state = ckptr.restore(state_dir, target)
     except (FileNotFoundError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first if len(first) <= 200 else first[:200] + "..."  # Orbax lists every key
         raise HFError(f"cannot restore {state_dir} as this model's state: {first}") from None
     return nnx.merge(graphdef, state)
 
