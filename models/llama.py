@@ -29,6 +29,11 @@ from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `l
     config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
 from models.layers import Block, RMSNorm, rope_tables
 
+__all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeScaling",
+           "LlamaConfig", "causal_document_mask", "config_from_dict", "config_to_dict",
+           "count_params", "flops_per_token", "layer_groups", "matmul_params", "output_init_std",
+           "preset", "rope_tables"]
+
 
 def _remat_policy(name: str):
     return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
