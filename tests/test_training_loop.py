@@ -146,3 +146,30 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
                                                      **{"optimizer.b2": 0.99})
     assert kw.model.preset == "tiny" and kw.optimizer.b2 == 0.99
     assert kw.precision.recipe == "bf16_with_fp8_current_scaling_mixed"
+
+
+def test_resume_warns_about_changed_config_keys():
+    from lp_jax.training.loop import _changed_keys
+
+    saved = {"steps": 20, "stop_at": 10, "run_dir": "a", "precision": {"recipe": "nvfp4"}}
+    same = {"steps": 20, "stop_at": None, "run_dir": "b", "precision": {"recipe": "nvfp4"}}
+    assert _changed_keys(saved, same) == []
+    changed = dict(same, steps=40, precision={"recipe": "bf16"})
+    assert _changed_keys(saved, changed) == ["precision.recipe", "steps"]
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_mxfp8", "tiny_nvfp4",
+                                  "llama3_8b_bf16", "llama3_8b_fp8_cs", "llama3_8b_mxfp8",
+                                  "llama3_8b_nvfp4"])
+def test_shipped_configs_validate(name, capsys):
+    from lp_jax.training import cli
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert cli.main(["--config", os.path.join(root, "configs", f"{name}.yaml"), "--check"]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    layers = 32 if name.startswith("llama3_8b") else 4
+    assert summary.startswith(f"# ok: {layers} layers")
+    if name == "tiny_nvfp4":
+        assert "nvfp4 F0L1" in summary  # some layers quantized on the 4-layer model
+    if name == "llama3_8b_nvfp4":
+        assert "nvfp4 F0L4" in summary and "768 micro-batch(es)" in summary

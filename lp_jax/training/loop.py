@@ -115,6 +115,10 @@ def run(plan: Plan) -> RunResult:
     if start:
         state, meta = ckpt.restore(start, abstract_like(target, shardings), train_it)
         say(f"resumed from step {start} ({ckpt.directory})")
+        changed = _changed_keys(meta.get("config", {}), to_dict(cfg))
+        if changed:
+            say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
+                "the run will not match an uninterrupted one")
     else:
         state = init_state(build_model, tx, cfg.seed, shardings)
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
@@ -122,6 +126,8 @@ def run(plan: Plan) -> RunResult:
         f"{cfg.data.global_batch_size // plan.accum_steps} sequences per step")
 
     end = cfg.stop_at or cfg.steps
+    if start >= end:
+        say(f"nothing to train: the checkpoint is at step {start}, the run ends at {end}")
     device = jax.devices()[0]
     tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
     flops_per_step = metrics_lib.flops_per_token(plan.model_config, cfg.data.seq_len) * tokens_per_step
@@ -193,13 +199,27 @@ def run(plan: Plan) -> RunResult:
                         "re-run the same command to resume")
                     break
         result.stopped_early = result.step < cfg.steps
-        if result.stopped_early and not stop.received:
+        if result.stopped_early and not stop.received and start < end:
             say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
     finally:
         progress.close()
         writer.close()
         ckpt.close()
     return result
+
+
+def _changed_keys(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ (stop_at and the run/checkpoint folders may)."""
+    ignore = {"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar"}
+    changed = []
+    for key in sorted(set(saved) | set(current)):
+        name = prefix + key
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            changed += _changed_keys(a, b, name + ".")
+        elif a != b and name not in ignore:
+            changed.append(name)
+    return changed
 
 
 def _validate(graphdef, spec, state, batches, mesh) -> float:
