@@ -14,6 +14,9 @@ is subnormal may come back as zero. Nothing else is tolerated.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -106,9 +109,6 @@ def check_quantized(lp, q, x, fmt, *, axis=-1, block_2d=False, scale_rule="rceil
     assert q.data.dtype == DATA_DTYPE[fmt], f"data dtype {q.data.dtype}"
     assert q.scale.dtype == SCALE_DTYPE[fmt], f"scale dtype {q.scale.dtype}"
     assert q.data.shape == x32.shape and q.scale.shape == r.scale.shape, (q.data.shape, q.scale.shape)
-    if check_data:
-        known = r.data_known & ~(subnormal(x32) if subnormal_inputs else False)
-        assert_codes_equal(codes(q.data), r.data, ELEMENT[fmt], known, what=f"{fmt} data")
     if fmt.startswith("fp8"):
         assert_f32_equal(q.scale, r.scale, flushable=subnormal(r.scale), what="scale_inv")
     else:
@@ -117,16 +117,53 @@ def check_quantized(lp, q, x, fmt, *, axis=-1, block_2d=False, scale_rule="rceil
         assert_f32_equal(q.global_scale, r.global_scale, flushable=subnormal(r.global_scale), what="S_dec")
     else:
         assert q.global_scale is None
+    if check_data:
+        known = r.data_known & ~subnormal(x32) if subnormal_inputs else r.data_known
+        assert_codes_equal(codes(q.data), r.data, ELEMENT[fmt], known, what=f"{fmt} data")
     return r
 
 
-def check_dequantized(lp, q, r: ref.RefQuantized, x, *, axis=-1, block_2d=False, subnormal_inputs=False):
-    got = np.asarray(lp.dequantize(q))
+_jit_dequantize = None
+
+
+def check_dequantized(lp, q, r: ref.RefQuantized, x, *, axis=-1, block_2d=False, subnormal_inputs=False,
+                      jit=False):
+    global _jit_dequantize
+    if jit and _jit_dequantize is None:
+        _jit_dequantize = jax.jit(lp.dequantize)
+    got = np.asarray((_jit_dequantize if jit else lp.dequantize)(q))
     assert got.dtype == np.float32 and got.shape == np.shape(x)
     factor = dequant_factor(r, got.shape, axis, block_2d)
     flushable = subnormal(factor) | subnormal(r.dequantized)
     atol = subnormal(np.asarray(x).astype(np.float32)) if subnormal_inputs else None
     assert_f32_equal(got, r.dequantized, flushable=flushable, atol_where=atol, what=f"{r.fmt} dequantized")
+
+
+@functools.cache
+def jitted_quantize(lp, fmt, axis=-1, options=()):
+    """One jitted quantizer per variant; options: sorted (keyword, value) pairs."""
+    return jax.jit(functools.partial(lp.quantize, fmt=fmt, axis=axis, **dict(options)))
+
+
+def check_eager_and_jit(lp, x, fmt, axis=-1, *, subnormal_inputs=False, check_data=True, **kw):
+    """Quantizes x eagerly and under jit, checks both (and their dequantization) against the
+    oracle; returns [(mode, q), ...] and the oracle's RefQuantized."""
+    out = []
+    for mode in ("eager", "jit"):
+        if mode == "eager":
+            q = lp.quantize(to_jax(x), fmt, axis, **kw)
+        else:
+            q = jitted_quantize(lp, fmt, axis, tuple(sorted(kw.items())))(to_jax(x))
+        try:
+            r = check_quantized(lp, q, x, fmt, axis=axis, subnormal_inputs=subnormal_inputs,
+                                check_data=check_data, **kw)
+            if check_data:
+                check_dequantized(lp, q, r, x, axis=axis, block_2d=kw.get("block_2d", False),
+                                  subnormal_inputs=subnormal_inputs, jit=mode == "jit")
+        except AssertionError as e:
+            raise AssertionError(f"{mode}: {e}") from None
+        out.append((mode, q))
+    return out, r
 
 
 def to_jax(x):
