@@ -145,11 +145,12 @@ def jitted_quantize(lp, fmt, axis=-1, options=()):
     return jax.jit(functools.partial(lp.quantize, fmt=fmt, axis=axis, **dict(options)))
 
 
-def check_eager_and_jit(lp, x, fmt, axis=-1, *, subnormal_inputs=False, check_data=True, **kw):
+def check_eager_and_jit(lp, x, fmt, axis=-1, *, subnormal_inputs=False, check_data=True,
+                        modes=("eager", "jit"), **kw):
     """Quantizes x eagerly and under jit, checks both (and their dequantization) against the
     oracle; returns [(mode, q), ...] and the oracle's RefQuantized."""
     out = []
-    for mode in ("eager", "jit"):
+    for mode in modes:
         if mode == "eager":
             q = lp.quantize(to_jax(x), fmt, axis, **kw)
         else:
