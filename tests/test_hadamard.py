@@ -76,3 +76,16 @@ def test_jit_and_eager_agree():
     x = jnp.asarray(np.random.default_rng(5).standard_normal((4, 48)).astype(np.float32))
     np.testing.assert_array_equal(_f32(jax.jit(lp.hadamard, static_argnames="axis")(x, axis=-1)),
                                   _f32(lp.hadamard(x)))
+
+
+def test_length_not_a_multiple_of_16_is_an_error_or_exact_zero_padding():
+    # "M must be a multiple of 16 for the RHT (a clear error otherwise, or zero padding,
+    # which is exact)": either is allowed, nothing else.
+    x = np.random.default_rng(6).integers(-8, 9, (3, 24)).astype(np.float32)
+    try:
+        out = lp.hadamard(jnp.asarray(x))
+    except ValueError as e:
+        assert "16" in str(e), str(e)
+        return
+    padded = np.pad(x, [(0, 0), (0, 8)])
+    np.testing.assert_array_equal(_f32(out), ref.hadamard(padded))

@@ -41,7 +41,7 @@ def _jitted(fmt, axis, options):
 def _check(x, fmt, axis=-1, **kw):
     q = _jitted(fmt, axis, tuple(sorted(kw.items())))(qc.to_jax(x))
     r = qc.check_quantized(lp, q, x, fmt, axis=axis, **kw)
-    qc.check_dequantized(lp, q, r, x, axis=axis, block_2d=kw.get("block_2d", False), jit=True)
+    qc.check_dequantized(lp, q, r, x, jit=True)
     return q
 
 

@@ -38,12 +38,20 @@ def test_fp8_scale_is_the_ieee_quotient():
     ("fp8_e5m2", [1e-35, -7e-36, 2e-36], 3584.0),
 ])
 def test_fp8_scale_overflow_saturates_to_flt_max(fmt, values, first):
-    # scale_inv = 1/FLT_MAX = 2^-128 is an FP32 subnormal: quantize_checks lets it (and the
-    # dequantized values it multiplies) flush; the data bytes t * FLT_MAX are checked exactly.
-    runs, r = qc.check_eager_and_jit(lp, _tensor(values), fmt)
+    # scale_inv = 1/FLT_MAX = 2^-128 is an FP32 subnormal, so the stored q.scale may flush
+    # (quantize_checks); the data bytes t * FLT_MAX are checked exactly.
+    runs, r = qc.check_eager_and_jit(lp, _tensor(values), fmt, check_dequantized_values=False)
     assert r.scale == F32(2.0**-128)
     for mode, q in runs:
         assert decode(qc.codes(q.data).flat[:1], E4M3 if fmt == "fp8_e4m3" else E5M2)[0] == first, mode
+
+
+@pytest.mark.parametrize("fmt,values", [("fp8_e4m3", [2e-38, -1.5e-38, 1.2e-38]),
+                                        ("fp8_e5m2", [1e-35, -7e-36, 2e-36])])
+def test_fp8_scale_overflow_dequantizes_exactly(fmt, values):
+    # "dequantization factor scale_inv = 1 / scale" = 2^-128 here; q * 2^-128 is FP32-normal
+    # for |q| >= 2 (7 x 2^-128 = 2.06e-38), so those dequantized values must be exact.
+    qc.check_eager_and_jit(lp, _tensor(values), fmt)
 
 
 @pytest.mark.parametrize("amax", [3e38, 1e-34, 6.0, 1e-20])
