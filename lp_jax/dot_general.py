@@ -38,6 +38,8 @@ class _GemmConfig:
     recipe: Recipe
     native_fp8: bool  # feed FP8 operands to the GEMM as FP8 (Hopper+), else exact bf16 values
     w_dtype: jnp.dtype  # dtype of the kernel as passed in: the weight gradient comes back in it
+    out_dtype: jnp.dtype  # y: the activation dtype, or preferred_element_type
+    x_dtype: jnp.dtype  # activations: the compute dtype of all three GEMMs and of dx
 
 
 def _needs_key(recipe: Recipe) -> bool:
@@ -55,7 +57,7 @@ def _forward(cfg, x, w, key_data):
     wc = w.astype(x.dtype)  # the BF16 cast of the FP32 master: every recipe quantizes from it
     fx = prepare(x, r.fprop_x, axis=1)
     fw = prepare(wc, r.fprop_w, axis=0)
-    y = scaled_dot(fx, fw, ((1,), (0,)), x.dtype, cfg.native_fp8)
+    y = scaled_dot(fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype, cfg.native_fp8)
     wgrad_x = fx if shares_bytes(r.fprop_x, r.wgrad_x) else prepare(x, r.wgrad_x, axis=0)
     dgrad_w = fw if shares_bytes(r.fprop_w, r.dgrad_w) else prepare(wc, r.dgrad_w, axis=1)
     return y, (wgrad_x, dgrad_w, key_data)
@@ -74,8 +76,9 @@ def _linear_bwd(cfg, res, dy):
         g_wgrad = g_dgrad
     else:
         g_wgrad = prepare(dy, r.wgrad_dy, axis=0, key=sr_key(_SR_WGRAD))
-    dx = scaled_dot(g_dgrad, dgrad_w, ((1,), (1,)), dy.dtype, cfg.native_fp8)
-    dw = scaled_dot(wgrad_x, g_wgrad, ((0,), (0,)), jnp.float32, cfg.native_fp8).astype(cfg.w_dtype)
+    compute = cfg.x_dtype
+    dx = scaled_dot(g_dgrad, dgrad_w, ((1,), (1,)), compute, compute, cfg.native_fp8)
+    dw = scaled_dot(wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype, cfg.native_fp8)
     return dx, dw, None
 
 
@@ -112,10 +115,9 @@ class LowPrecisionDotGeneral:
             raise ValueError(f"lp_jax.dot_general needs floating inputs, got {x2.dtype}")
         native = resolve_backend(self.recipe) == "xla_fp8"
         key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
-        y = _linear(_GemmConfig(self.recipe, native, jnp.dtype(w2.dtype)), x2, w2, key_data)
-        y = y.reshape(out_shape)
-        if preferred_element_type is not None:
-            y = y.astype(preferred_element_type)
+        out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
+        cfg = _GemmConfig(self.recipe, native, jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
+        y = _linear(cfg, x2, w2, key_data).reshape(out_shape)
         if out_sharding is not None:
             y = jax.sharding.reshard(y, out_sharding)
         return y

@@ -106,6 +106,30 @@ def e8m0_code_floor(amax):
     return code.astype(jnp.uint8)
 
 
+def _fmix32(h):
+    """MurmurHash3's 32-bit finalizer: a bijection with full avalanche."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def uniform_from_counter(key, shape):
+    """Uniform [0, 1) float32 noise (24 bits) for stochastic rounding, from a JAX key.
+
+    Two 32-bit seeds come from ``key`` (threefry); each element's bits are a hash of its
+    index and the seeds, as TE's kernels derive per-thread bits from a seed and an offset.
+    This is elementwise integer work that fuses into the quantization kernel: drawing the
+    same amount of threefry output costs several times the whole quantization on CPU.
+    """
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    n = int(np.prod(shape)) if shape else 1
+    idx = lax.iota(jnp.uint32, n).reshape(shape)
+    h = _fmix32(_fmix32(idx * jnp.uint32(0x9E3779B9) + seed[0]) ^ seed[1])
+    return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
 def e2m1_stochastic(v, key):
     """Stochastic rounding of v (already clipped to [-6, 6]) to E2M1.
 
@@ -116,7 +140,7 @@ def e2m1_stochastic(v, key):
     step = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
     lo = jnp.floor(a / step) * step  # exact: step is a power of two
     frac = (a - lo) / step
-    u = jax.random.uniform(key, v.shape, jnp.float32)
+    u = uniform_from_counter(key, v.shape)
     up = jnp.minimum(lo + step, E2M1_MAX)
     rounded = jnp.where(u < frac, up, lo)
     rounded = jnp.where(jnp.isnan(v), v, rounded)

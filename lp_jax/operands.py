@@ -67,8 +67,10 @@ def _element_scale(q: QuantizedTensor):
     return lax.slice_in_dim(s, 0, q.data.shape[q.axis], axis=q.axis)
 
 
-def gemm_inputs(p, compute_dtype=jnp.bfloat16, native_fp8=False):
+def gemm_inputs(p, compute_dtype, native_fp8=False):
     """(values, factor) for a GEMM: values of p times factor are its dequantized values.
+
+    Quantized values are exact in bf16, so any float compute_dtype represents them exactly.
 
     The optimization barrier keeps XLA (on GPU, with excess precision allowed) from
     folding the f32 -> fp8 -> bf16 round trip away, which would silently skip quantization.
@@ -88,7 +90,7 @@ def _is_fp8(p):
     return isinstance(p, QuantizedTensor) and p.fmt in PER_TENSOR
 
 
-def scaled_dot(a, b, contracting, out_dtype, native_fp8=False):
+def scaled_dot(a, b, contracting, compute_dtype, out_dtype, native_fp8=False):
     """Contracts prepared operands a and b in FP32 accumulation, applies both tensor
     factors to the FP32 result, casts to out_dtype. contracting: ((a_axis,), (b_axis,)).
 
@@ -96,8 +98,8 @@ def scaled_dot(a, b, contracting, out_dtype, native_fp8=False):
     padded product equals the unpadded one, so nothing needs slicing here.
     """
     native = native_fp8 and _is_fp8(a) and _is_fp8(b)
-    av, fa = gemm_inputs(a, native_fp8=native)
-    bv, fb = gemm_inputs(b, native_fp8=native)
+    av, fa = gemm_inputs(a, compute_dtype, native_fp8=native)
+    bv, fb = gemm_inputs(b, compute_dtype, native_fp8=native)
     out = lax.dot_general(av, bv, (contracting, ((), ())), preferred_element_type=jnp.float32)
     for factor in (fa, fb):
         if factor is not None:

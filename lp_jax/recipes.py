@@ -45,12 +45,12 @@ class Recipe:
     # run on the current platform raises; it never falls back silently.
     backend: str = "auto"
 
-    fprop_x: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
-    fprop_w: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
-    dgrad_dy: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
-    dgrad_w: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
-    wgrad_x: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
-    wgrad_dy: OperandSpec = dataclasses.field(init=False, default=_BF16_OPERAND)
+    fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    dgrad_dy: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    dgrad_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    wgrad_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    wgrad_dy: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
 
     def __post_init__(self):
         for field in ("first_bf16_layers", "last_bf16_layers"):
