@@ -1,0 +1,1 @@
+"""Downstream evaluation: lm-evaluation-harness-style log-likelihood multiple choice."""
