@@ -1,0 +1,74 @@
+"""Loading what evaluation scores: tokenizer.json adapter, run folders (Orbax)."""
+
+import sys
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+from flax import nnx
+
+from lp_jax.evaluation import loading
+from lp_jax.evaluation.hf_tokenizer import HFTokenizerFile
+from lp_jax.evaluation.tokenization import PairEncoder
+from tests.eval_toys import write_byte_level_tokenizer
+
+
+def test_tokenizer_json_prefix_token_is_the_harness_bos(tmp_path):
+    write_byte_level_tokenizer(tmp_path / "tokenizer.json", with_bos=True)
+    tok = HFTokenizerFile(str(tmp_path))
+    assert tok.bos_id == 0  # <|begin_of_text|>, which encode() leaves out
+    assert 0 not in tok.encode("Answer: the answer")
+    ctx, cont = PairEncoder(tok, 64).encode_pair("Question: what?\nAnswer:", " the answer")
+    assert ctx[0] == 0 and ctx + cont == [0] + tok.encode("Question: what?\nAnswer: the answer")
+    write_byte_level_tokenizer(tmp_path / "plain.json", with_bos=False)
+    assert HFTokenizerFile(str(tmp_path / "plain.json")).bos_id is None  # GPT-2 style
+
+
+class Toy(nnx.Module):
+    def __init__(self, rngs):
+        self.proj = nnx.Linear(4, 6, rngs=rngs)
+
+
+def _save_run(run_dir, model, step):
+    manager = ocp.CheckpointManager(str(run_dir / "checkpoints"))
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(nnx.state(model))))
+    manager.wait_until_finished()
+    manager.close()
+
+
+def test_run_dir_restores_the_latest_model_state(tmp_path, monkeypatch):
+    trained = Toy(nnx.Rngs(7))
+    _save_run(tmp_path, trained, 5)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(
+        {"model": {"preset": "tiny", "num_layers": 2, "remat": True}, "data": {"tokenizer": "bytes"}}))
+    seen = {}
+
+    def build(section, dtype):  # stands in for models.config.preset + models.llama.Llama
+        seen.update(section=section, dtype=dtype)
+        return nnx.eval_shape(lambda: Toy(nnx.Rngs(0))), 128
+    monkeypatch.setattr(loading, "build_model_from_run_config", build)
+    try:
+        import lp_jax.training.tokenizers  # noqa: F401  (the trainer's, once merged)
+    except ImportError:
+        fake = types.ModuleType("lp_jax.training.tokenizers")
+        fake.get_tokenizer = lambda name: types.SimpleNamespace(name=name, bos_id=256)
+        monkeypatch.setitem(sys.modules, "lp_jax.training.tokenizers", fake)
+    loaded = loading.load_from_run_dir(str(tmp_path))
+    assert seen["section"]["preset"] == "tiny" and seen["dtype"] == jnp.bfloat16
+    assert loaded.max_length == 128 and loaded.source.endswith("@5")
+    np.testing.assert_array_equal(loaded.model.proj.kernel[...], trained.proj.kernel[...])
+    assert loaded.tokenizer.bos_id == 256
+
+
+def test_run_dir_errors(tmp_path):
+    with pytest.raises(loading.LoadError, match="config.yaml does not exist"):
+        loading.load_from_run_dir(str(tmp_path))
+    (tmp_path / "config.yaml").write_text("model: {hidden_size: 8}\n")
+    with pytest.raises(loading.LoadError, match="no model.preset"):
+        loading.load_from_run_dir(str(tmp_path))
+    with pytest.raises(loading.LoadError, match="no checkpoint folder"):
+        loading.restore_model_state(nnx.eval_shape(lambda: Toy(nnx.Rngs(0))),
+                                    str(tmp_path / "checkpoints"))
