@@ -35,11 +35,13 @@ def continuation_logprobs(logits_BxLxV, targets_BxKxL, mask_BxKxL):
     The log-softmax is taken in float32 whatever the logits' dtype (BF16 logits keep
     their values; only the normalization is done more precisely).
     """
-    logits_BxLxV = logits_BxLxV.astype(jnp.float32)
-    lse_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
-    picked_BxKxL = jnp.take_along_axis(
-        logits_BxLxV[:, None, :, :], targets_BxKxL[..., None], axis=-1)[..., 0]
-    logp_BxKxL = picked_BxKxL - lse_BxL[:, None, :]
+    # Casting inside the reduction and after the gather (exact for BF16) keeps XLA from
+    # materializing a float32 copy of the B x L x V logits.
+    lse_BxL = jax.nn.logsumexp(logits_BxLxV.astype(jnp.float32), axis=-1)
+    # Gather the K targets of each position from its own row of logits (indices B x L x K)
+    # rather than broadcasting the logits K times.
+    picked_BxLxK = jnp.take_along_axis(logits_BxLxV, jnp.swapaxes(targets_BxKxL, 1, 2), axis=-1)
+    logp_BxKxL = jnp.swapaxes(picked_BxLxK, 1, 2).astype(jnp.float32) - lse_BxL[:, None, :]
     return jnp.sum(jnp.where(mask_BxKxL, logp_BxKxL, 0.0), axis=-1)
 
 
