@@ -9,6 +9,8 @@ import pytest
 from lp_jax.evaluation import cli
 from lp_jax.evaluation.data_package import DataPackageError
 from lp_jax.evaluation.loading import LoadedModel
+from lp_jax.evaluation.metrics import pooled_stderr
+from lp_jax.evaluation.mmlu import SUBJECTS
 from lp_jax.evaluation.tasks import load_task
 from tests.eval_toys import BigramModel, ByteTokenizer
 
@@ -77,3 +79,7 @@ def test_limit_log_samples_and_results(tmp_path, monkeypatch):
     mmlu_acc = np.mean([np.argmax(line["loglikelihoods"]) == line["gold"] for line in mmlu])
     assert results["mmlu"]["acc"] == pytest.approx(mmlu_acc)
     assert list(results)[:2] == ["arc_easy", "mmlu"]
+    # The group's standard error pools its 57 subjects (the harness's pooled formula).
+    subjects = [results[f"mmlu_{s}"] for s in SUBJECTS]
+    assert results["mmlu"]["acc_stderr"] == pytest.approx(pooled_stderr(
+        [r["acc_stderr"] for r in subjects], [r["n"] for r in subjects]))

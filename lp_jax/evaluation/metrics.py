@@ -9,7 +9,8 @@ as `np.argmax`):
 
 Per task: the mean, and its standard error sample_std / sqrt(n) with the n - 1
 denominator (harness `mean_stderr`). A group (MMLU's categories, then MMLU) is the
-size-weighted mean of its members and the harness's pooled standard error:
+size-weighted mean of its subtasks (the leaves under it, as the harness 0.4.x pools
+them) and the harness's pooled standard error:
 sqrt(sum((n_i - 1) * n_i * se_i^2) / (N - k) / N).
 """
 

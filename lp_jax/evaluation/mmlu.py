@@ -7,7 +7,7 @@ Prompt (the harness's default MMLU template), per subject:
     <question stripped>\\nA. <a>\\nB. <b>\\nC. <c>\\nD. <d>\\nAnswer:      -> " A" | " B" | " C" | " D"
 
 Scores are kept per subject (`mmlu_<subject>`) and aggregated, as the harness does, into
-its four categories and then into `mmlu`, each weighted by size.
+its four categories and into `mmlu`, each a size-weighted mean of its subjects.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def load_mmlu(shots: int = 0, limit: int | None = None) -> list[Doc]:
 
 
 def mmlu_groups() -> dict[str, list[str]]:
-    """Group -> members, leaves first: categories of subjects, then `mmlu` of categories."""
-    groups = {f"mmlu_{cat}": [f"mmlu_{s}" for s in subjects]
-              for cat, subjects in CATEGORIES.items()}
-    groups["mmlu"] = list(groups)
+    """Group -> its leaf subtasks. As in the harness (0.4.x), a group pools the subjects
+    under it directly: `mmlu` over all 57, not over the four category results."""
+    groups = {"mmlu": [f"mmlu_{s}" for s in SUBJECTS]}
+    groups.update({f"mmlu_{cat}": [f"mmlu_{s}" for s in subjects]
+                   for cat, subjects in CATEGORIES.items()})
     return groups

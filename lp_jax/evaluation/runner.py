@@ -32,10 +32,8 @@ def evaluate_task(scorer: LoglikelihoodScorer, name: str, *, shots: int = 0,
             samples.write(json.dumps({"task": doc.task, "doc": doc.index,
                                       "loglikelihoods": lls, "gold": doc.gold}) + "\n")
     leaves = {key: task_summary(values) for key, values in per_doc.items()}
-    groups: dict[str, dict] = {}
-    for group, members in task_groups(name).items():  # leaves first, then their parents
-        groups[group] = group_summary([groups.get(m) or leaves[m] for m in members
-                                       if m in groups or m in leaves])
+    groups = {group: group_summary([leaves[m] for m in members if m in leaves])
+              for group, members in task_groups(name).items()}
     results = {}
     # The task itself first, then its categories, then its subtasks (harness order).
     for key in [name] + [g for g in groups if g != name] + [k for k in leaves if k != name]:

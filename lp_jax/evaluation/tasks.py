@@ -149,5 +149,5 @@ def load_task(name: str, shots: int = 0, limit: int | None = None) -> list[Doc]:
 
 
 def task_groups(name: str) -> dict[str, list[str]]:
-    """Aggregate groups of a task (leaves first); empty for single-split tasks."""
+    """Aggregate groups of a task, each listing its leaf subtasks; empty for most tasks."""
     return mmlu_groups() if name == "mmlu" else {}
