@@ -32,6 +32,7 @@ class _Scope:
     key: Any  # a typed JAX key array, or None when no rng_scope is open
     layer: Any  # int or traced int32 scalar
     site: int  # counts quantized GEMM calls traced since the layer scope opened
+    in_layer: bool = False  # whether a layer_scope is open
 
 
 _SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("lp_jax_scope", default=None)
@@ -58,11 +59,18 @@ def rng_scope(key) -> Iterator[None]:
 def layer_scope(layer) -> Iterator[None]:
     """Marks the transformer layer being traced (an int or a traced scan index)."""
     outer = _SCOPE.get()
-    token = _SCOPE.set(_Scope(key=None if outer is None else outer.key, layer=layer, site=0))
+    token = _SCOPE.set(_Scope(key=None if outer is None else outer.key, layer=layer, site=0,
+                              in_layer=True))
     try:
         yield
     finally:
         _SCOPE.reset(token)
+
+
+def current_layer():
+    """The layer index given to the innermost layer_scope (maybe traced), or None."""
+    scope = _SCOPE.get()
+    return scope.layer if scope is not None and scope.in_layer else None
 
 
 def site_key():

@@ -1,0 +1,165 @@
+"""Forward+backward of a Llama-like block stack per recipe, against peers, on this platform.
+
+    python bench/bench_dot_general.py [--layers 4 --tokens 2048 --d 512 --ffn 1536 --repeats 5]
+
+Prints, per variant: median step time and its ratio to our BF16 in the same run, the
+compiled step's temp memory, and the weight-gradient error against an FP32 run; then the
+bytes the backward keeps for one quantized linear layer, as a ratio to BF16's.
+Every layer is quantized (policy F0L0) so recipes are compared GEMM for GEMM.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import lp_jax as lp  # noqa: E402
+from bench import peers  # noqa: E402
+from bench.common import median_seconds, platform_line, print_table  # noqa: E402
+from lp_jax import context  # noqa: E402
+
+
+class Block(nnx.Module):
+    """Fused qkv, o, gate, up, down; RMSNorm; causal attention core in bf16."""
+
+    def __init__(self, d, ffn, heads, rngs, dtype):
+        lin = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype,  # noqa: E731
+                                      param_dtype=jnp.float32, rngs=rngs)
+        self.qkv, self.o = lin(d, 3 * d), lin(d, d)
+        self.gate, self.up, self.down = lin(d, ffn), lin(d, ffn), lin(ffn, d)
+        self.norm1 = nnx.RMSNorm(d, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.norm2 = nnx.RMSNorm(d, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+        self.heads = heads
+
+    def __call__(self, x_BxLxD):
+        b, n, d = x_BxLxD.shape
+        q, k, v = jnp.split(self.qkv(self.norm1(x_BxLxD)), 3, axis=-1)
+        shape = (b, n, self.heads, d // self.heads)
+        att = jax.nn.dot_product_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape),
+                                           is_causal=True)
+        x_BxLxD = x_BxLxD + self.o(att.reshape(b, n, d))
+        h = self.norm2(x_BxLxD)
+        return x_BxLxD + self.down(jax.nn.silu(self.gate(h)) * self.up(h))
+
+
+class Stack(nnx.Module):
+    def __init__(self, layers, d, ffn, heads, seed=0, dtype=jnp.bfloat16):
+        rngs = nnx.Rngs(seed)
+        self.layers = nnx.List([Block(d, ffn, heads, rngs, dtype) for _ in range(layers)])
+
+    def __call__(self, x):
+        for i, block in enumerate(self.layers):
+            with context.layer_scope(i):
+                x = block(x)
+        return x
+
+
+def loss_fn(model, x, target):
+    return jnp.mean((model(x).astype(jnp.float32) - target) ** 2)
+
+
+def make_step(model):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, x, target, key):
+        def loss(state):
+            with context.rng_scope(key):
+                return loss_fn(nnx.merge(graphdef, state), x, target)
+        return jax.value_and_grad(loss)(state)
+
+    return step, state
+
+
+def grad_error(grads, ref):
+    g = np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(grads)])
+    r = np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(ref)])
+    return np.linalg.norm(g - r) / np.linalg.norm(r)
+
+
+def residual_bytes(recipe, m, k, n):
+    """Bytes kept for the backward of one linear [m,k]x[k,n], sub-byte types at their width."""
+    x = jnp.ones((m, k), jnp.bfloat16)
+    w = jnp.ones((k, n), jnp.float32)
+    f = lambda x, w: lp.dot_general(recipe)(x, w, (((1,), (0,)), ((), ())))  # noqa: E731
+    _, vjp = jax.vjp(f, x, w)
+    return sum(a.size * jnp.finfo(a.dtype).bits // 8 if jnp.issubdtype(a.dtype, jnp.floating)
+               else a.nbytes for a in jax.tree.leaves(vjp))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--d", type=int, default=512)
+    ap.add_argument("--ffn", type=int, default=1536)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    dims = (args.layers, args.d, args.ffn, args.heads)
+    x = jax.random.normal(jax.random.key(1), (1, args.tokens, args.d), jnp.bfloat16)
+    target = jax.random.normal(jax.random.key(2), (1, args.tokens, args.d), jnp.float32)
+    key = jax.random.key(3)
+
+    ref_model = Stack(*dims, dtype=jnp.float32)
+    ref_step, ref_state = make_step(ref_model)
+    _, ref_grads = ref_step(ref_state, x.astype(jnp.float32), target, key)
+
+    variants = [("bf16 (nnx default dot_general)", lambda m: None)]
+    for name in ("bf16", "fp8_cs", "mxfp8", "nvfp4"):
+        variants.append((f"lp_jax {name}", lambda m, name=name: lp.apply_recipe(m, lp.get_recipe(name, policy="F0L0"))))
+    if not args.no_peers:
+        variants += [
+            ("jax.nn mxfp8", lambda m: peers.apply_jax_nn(m, "mxfp8")),
+            ("jax.nn nvfp4 (bwd not quantized)", lambda m: peers.apply_jax_nn(m, "nvfp4")),
+            ("qwix fp8 per-tensor", "fp8"),
+            ("qwix mxfp8 (bwd quantized)", "mxfp8"),
+        ]
+    rows, times = [], {}
+    for name, setup in variants:
+        model = Stack(*dims)
+        if isinstance(setup, str):
+            try:
+                model = peers.qwix_model(model, x, setup)
+            except Exception as e:  # noqa: BLE001 - a missing optional peer is reported, not fatal
+                rows.append((name, "n/a", "", "", f"{type(e).__name__}: {e}"[:60]))
+                continue
+        else:
+            setup(model)
+        print(f"... {name}", file=sys.stderr, flush=True)
+        step, state = make_step(model)
+        try:
+            compiled = step.lower(state, x, target, key).compile()
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run this model is reported
+            rows.append((name, "failed", "", "", f"{type(e).__name__}: {e}"[:70]))
+            continue
+        temp = compiled.memory_analysis().temp_size_in_bytes / 2**20
+        t = median_seconds(step, state, x, target, key, repeats=args.repeats)
+        _, grads = step(state, x, target, key)
+        times[name] = t
+        rows.append((name, f"{t * 1e3:.0f}", "", f"{temp:.0f}", f"{grad_error(grads, ref_grads):.4f}"))
+    base = times["lp_jax bf16"]
+    rows = [(r[0], r[1], f"{times[r[0]] / base:.2f}" if r[0] in times else "", *r[3:]) for r in rows]
+    print(platform_line())
+    print_table(["variant", "step ms", "x lp_jax bf16", "temp MiB", "dW rel. err vs FP32"], rows,
+                title=f"{args.layers} blocks, {args.tokens} tokens, d {args.d}, FFN {args.ffn}: "
+                      f"forward+backward, median of {args.repeats}")
+    m, k, n = args.tokens, args.d, args.ffn
+    b16 = residual_bytes(lp.get_recipe("bf16"), m, k, n)
+    res_rows = []
+    for name in ("bf16", "fp8_cs", "mxfp8", "nvfp4"):
+        b = residual_bytes(lp.get_recipe(name), m, k, n)
+        res_rows.append((name, f"{b / 2**20:.2f}", f"{b / b16:.3f}"))
+    print_table(["recipe", "residual MiB", "x bf16"], res_rows,
+                title=f"bytes kept for the backward of one linear [{m}x{k}] x [{k}x{n}]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The quantized dot_general: fprop, dgrad and wgrad each in the recipe's formats.
+
+``dot_general(recipe)`` returns a frozen, hashable callable with the ``lax.dot_general``
+signature plus the ``out_sharding`` keyword that ``nnx.Linear`` passes, so it can be set as
+``linear.dot_general``. Its custom VJP:
+
+- forward: quantizes x along K and W along K (fprop), and already the copies the backward
+  needs (x along M for wgrad, after the RHT for NVFP4; W along N for dgrad unless the same
+  bytes serve), and keeps only those quantized copies as residuals, not BF16 tensors;
+- backward: quantizes dy along N (dgrad) and along M (wgrad), with stochastic rounding
+  where the recipe says, from bits keyed by (seed, step, layer, call site) via
+  lp_jax.context, so a resumed run draws the same bits.
+
+Weight gradients come back in FP32: with ``KeepKernelDtype`` as the Linear's promote_dtype
+(``apply_recipe`` sets both), the FP32 master kernel reaches this function, is cast to the
+activation dtype (BF16) here, and its cotangent is the FP32 wgrad output, as TE writes
+wgrad into the FP32 main gradient.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from lp_jax import context
+from lp_jax.backends import resolve_backend
+from lp_jax.operands import prepare, scaled_dot, shares_bytes
+from lp_jax.recipes import Recipe, get_recipe
+
+_SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded dy copies
+
+
+@dataclasses.dataclass(frozen=True)
+class _GemmConfig:
+    recipe: Recipe
+    native_fp8: bool  # feed FP8 operands to the GEMM as FP8 (Hopper+), else exact bf16 values
+    w_dtype: jnp.dtype  # dtype of the kernel as passed in: the weight gradient comes back in it
+    out_dtype: jnp.dtype  # y: the activation dtype, or preferred_element_type
+    x_dtype: jnp.dtype  # activations: the compute dtype of all three GEMMs and of dx
+
+
+def _needs_key(recipe: Recipe) -> bool:
+    return recipe.dgrad_dy.stochastic or recipe.wgrad_dy.stochastic
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _linear(cfg: _GemmConfig, x, w, key_data):
+    """y[M, N] = x[M, K] @ w[K, N], with the recipe's quantization."""
+    return _forward(cfg, x, w, key_data)[0]
+
+
+def _forward(cfg, x, w, key_data):
+    r = cfg.recipe
+    wc = w.astype(x.dtype)  # the BF16 cast of the FP32 master: every recipe quantizes from it
+    fx = prepare(x, r.fprop_x, axis=1)
+    fw = prepare(wc, r.fprop_w, axis=0)
+    y = scaled_dot(fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype, cfg.native_fp8)
+    wgrad_x = fx if shares_bytes(r.fprop_x, r.wgrad_x) else prepare(x, r.wgrad_x, axis=0)
+    dgrad_w = fw if shares_bytes(r.fprop_w, r.dgrad_w) else prepare(wc, r.dgrad_w, axis=1)
+    return y, (wgrad_x, dgrad_w, key_data)
+
+
+_linear_fwd = _forward
+
+
+def _linear_bwd(cfg, res, dy):
+    r = cfg.recipe
+    wgrad_x, dgrad_w, key_data = res
+    key = jax.random.wrap_key_data(key_data) if key_data is not None else None
+    sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
+    g_dgrad = prepare(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
+    if shares_bytes(r.dgrad_dy, r.wgrad_dy):
+        g_wgrad = g_dgrad
+    else:
+        g_wgrad = prepare(dy, r.wgrad_dy, axis=0, key=sr_key(_SR_WGRAD))
+    compute = cfg.x_dtype
+    dx = scaled_dot(g_dgrad, dgrad_w, ((1,), (1,)), compute, compute, cfg.native_fp8)
+    dw = scaled_dot(wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype, cfg.native_fp8)
+    return dx, dw, None
+
+
+_linear.defvjp(_linear_fwd, _linear_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class LowPrecisionDotGeneral:
+    """Drop-in ``dot_general`` for ``nnx.Linear`` running the recipe's GEMMs.
+
+    Supports any contracting dimensions (flattened into K) and leading dimensions of the
+    inputs (flattened into M, the tokens); dot_general batch dimensions are not supported
+    (a Linear has none) and raise.
+    """
+
+    recipe: Recipe
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                 out_sharding=None):
+        (lc, rc), (lb, rb) = dimension_numbers
+        if lb or rb:
+            raise ValueError("lp_jax.dot_general supports Linear-style contractions only: "
+                             f"got batch dimensions {lb}, {rb}")
+        lc, rc = tuple(a % lhs.ndim for a in lc), tuple(a % rhs.ndim for a in rc)
+        lfree = [a for a in range(lhs.ndim) if a not in lc]
+        rfree = [a for a in range(rhs.ndim) if a not in rc]
+        x = jnp.transpose(lhs, lfree + list(lc))
+        w = jnp.transpose(rhs, list(rc) + rfree)
+        out_shape = x.shape[:len(lfree)] + w.shape[len(rc):]
+        k = math.prod(x.shape[len(lfree):])
+        x2 = x.reshape(-1, k)
+        w2 = w.reshape(k, -1)
+        if not jnp.issubdtype(x2.dtype, jnp.floating):
+            raise ValueError(f"lp_jax.dot_general needs floating inputs, got {x2.dtype}")
+        native = resolve_backend(self.recipe) == "xla_fp8"
+        key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
+        out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
+        cfg = _GemmConfig(self.recipe, native, jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
+        y = _linear(cfg, x2, w2, key_data).reshape(out_shape)
+        if out_sharding is not None:
+            y = jax.sharding.reshard(y, out_sharding)
+        return y
+
+
+def dot_general(recipe: Recipe | str, **overrides) -> LowPrecisionDotGeneral:
+    """The quantized dot_general for ``recipe`` (a Recipe or a name for get_recipe)."""
+    if isinstance(recipe, str) or overrides:
+        recipe = get_recipe(recipe, **overrides)
+    return LowPrecisionDotGeneral(recipe)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepKernelDtype:
+    """``promote_dtype`` for nnx.Linear that casts inputs and bias but not the kernel.
+
+    The FP32 kernel then reaches the quantized dot_general, which casts it to BF16 itself,
+    so the weight gradient stays FP32 instead of being rounded to BF16 on the way back.
+    """
+
+    def __call__(self, args, dtype=None, inexact=True):
+        inputs, kernel, bias = args
+        if dtype is not None:
+            inputs = inputs.astype(dtype) if inputs is not None else None
+            bias = bias.astype(dtype) if bias is not None else None
+        return inputs, kernel, bias
+

@@ -1,0 +1,52 @@
+"""The 16-point random Hadamard transform (RHT) that NVFP4 applies to wgrad operands.
+
+H = (1/4) diag(s) H16, with H16 the Sylvester Hadamard matrix and a fixed sign vector s,
+built in float32 and cast to bf16 (its entries +-1/4 are exact there). It is orthogonal,
+so applying it to both wgrad operands along the token axis M leaves dy^T x unchanged up to
+rounding, while spreading outliers across each 16-element block before FP4 quantization.
+One fixed matrix for all layers and steps, as TE does.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+RHT_SIZE = 16
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+
+def _sylvester(n: int) -> np.ndarray:
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def rht_matrix() -> jnp.ndarray:
+    """The 16x16 bf16 matrix H; a tile v becomes v @ H."""
+    h = np.diag(np.asarray(RHT_SIGNS, np.float32)) @ _sylvester(RHT_SIZE) * np.float32(0.25)
+    return jnp.asarray(h, jnp.float32).astype(jnp.bfloat16)
+
+
+def hadamard(x, axis=-1):
+    """Applies the RHT to each 16-element tile of ``x`` along ``axis``; returns bf16.
+
+    The length along ``axis`` must be a multiple of 16 (the transform mixes a tile's
+    elements, so padding could not be dropped afterwards; the GEMM pads its operands itself).
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis} is out of range for an array of rank {x.ndim}")
+    n = x.shape[axis]
+    if n % RHT_SIZE:
+        raise ValueError(f"the length along axis={axis} must be a multiple of {RHT_SIZE} for the "
+                         f"Hadamard transform, got {n} (zero-pad it: padding is exact)")
+    xm = jnp.moveaxis(x, axis, -1)
+    tiles = xm.reshape(xm.shape[:-1] + (n // RHT_SIZE, RHT_SIZE))
+    # float32 accumulation of +-x/4 terms, then one rounding to bf16 (TE rounds the RHT output).
+    out = jnp.einsum("...ti,ij->...tj", tiles, rht_matrix().astype(tiles.dtype),
+                     precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    return jnp.moveaxis(out.reshape(xm.shape).astype(jnp.bfloat16), -1, axis)

@@ -1,0 +1,48 @@
+"""Per-slice FiLj for Linears stacked over layers (nnx.vmap + nnx.scan models).
+
+One stacked Linear serves every layer, so its static dot_general cannot differ per layer.
+This one reads the layer index the model gives through ``lp_jax.context.layer_scope``:
+a Python int picks the recipe statically; a traced scan index selects between the recipe
+and BF16 with ``lax.cond``, so only the chosen GEMMs run. (Under ``jax.grad`` the cond keeps
+residual buffers for both branches; lp_jax's own Llama avoids this by scanning over runs of
+identical unrolled layers instead.)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from jax import lax
+
+from lp_jax import context
+from lp_jax.dot_general import LowPrecisionDotGeneral
+from lp_jax.recipes import BF16, Recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPolicyDotGeneral:
+    recipe: Recipe
+    num_layers: int
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                 out_sharding=None):
+        quantized = LowPrecisionDotGeneral(self.recipe)
+        bf16 = LowPrecisionDotGeneral(BF16(backend=self.recipe.backend))
+        layer = context.current_layer()
+        if layer is None:
+            if self.recipe.first_bf16_layers == 0 and self.recipe.last_bf16_layers == 0:
+                layer = 0  # the policy is the same for every layer: no index needed
+            else:
+                raise ValueError(
+                    f"a stacked Linear under layer policy {self.recipe.policy} needs the layer index: "
+                    "wrap each scanned layer's call in lp_jax.context.layer_scope(i)")
+        kwargs = dict(precision=precision, preferred_element_type=preferred_element_type,
+                      out_sharding=out_sharding)
+        if isinstance(layer, int):
+            chosen = bf16 if self.recipe.layer_is_bf16(layer, self.num_layers) else quantized
+            return chosen(lhs, rhs, dimension_numbers, **kwargs)
+        is_bf16 = (layer < self.recipe.first_bf16_layers) | \
+            (layer >= self.num_layers - self.recipe.last_bf16_layers)
+        return lax.cond(is_bf16,
+                        lambda a, b: bf16(a, b, dimension_numbers, **kwargs),
+                        lambda a, b: quantized(a, b, dimension_numbers, **kwargs),
+                        lhs, rhs)

@@ -1,0 +1,239 @@
+"""quantize / dequantize: FP8 per-tensor current scaling, MXFP8 and NVFP4 (docs/numerics.md).
+
+A ``QuantizedTensor`` is a pytree of real low-precision arrays (``float8_e4m3fn``,
+``float8_e5m2``, ``float4_e2m1fn``, ``float8_e8m0fnu``) plus static metadata, so it passes
+through ``jit``, ``vmap`` and ``custom_vjp`` residuals. The blocked kernels below work on
+float32 arrays already laid out as ``[..., n_blocks, block]``; the quantized dot_general
+calls them directly on its own layouts, and the public ``quantize`` only moves the blocked
+axis last, pads, and calls the same kernels, so the GEMMs and the public API share one
+definition of every rounding.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lp_jax import formats as F
+
+FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+ROUNDINGS = ("nearest", "stochastic")
+SCALE_RULES = ("rceil", "floor")
+MX_BLOCK = 32
+NVFP4_BLOCK = 16
+NVFP4_TENSOR_SCALE_NUM = F.E2M1_MAX * F.E4M3_MAX  # 2688: amax_t maps to 6 x 448
+INV_E2M1_MAX = jnp.float32(1) / jnp.float32(6)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedTensor:
+    """Low-precision values with the scales that decode them.
+
+    ``data`` has the shape of the original tensor. ``scale.astype(float32)`` is the
+    dequantization factor: ``()`` per tensor; for block formats the original shape with the
+    blocked axis divided by the block size (rounded up), or both last axes for 16x16 tiles.
+    ``global_scale`` is NVFP4's float32 ``S_dec`` (None otherwise).
+    """
+
+    data: jax.Array
+    scale: jax.Array
+    global_scale: jax.Array | None
+    fmt: str = dataclasses.field(metadata=dict(static=True))
+    axis: int = dataclasses.field(metadata=dict(static=True))  # blocked axis (non-negative)
+    block_2d: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+
+# --------------------------------------------------------------------------- scale rules
+
+
+def tensor_scale_fp8(amax, fmax):
+    """FP8-CS: scale = fmax / amax in float32; 1 if amax is 0/inf/NaN; FLT_MAX on overflow."""
+    amax = amax.astype(jnp.float32)
+    scale = jnp.float32(fmax) / amax
+    scale = jnp.where(jnp.isinf(scale), jnp.float32(F.FLT_MAX), scale)
+    bad = (amax == 0) | ~jnp.isfinite(amax)
+    return jnp.where(bad, jnp.float32(1), scale)
+
+
+def nvfp4_tensor_scale(amax):
+    """NVFP4 S_enc = 2688 / amax (float32), clamped to FLT_MAX; 1 if amax is 0/not finite."""
+    amax = amax.astype(jnp.float32)
+    s_enc = jnp.minimum(jnp.float32(NVFP4_TENSOR_SCALE_NUM) / amax, jnp.float32(F.FLT_MAX))
+    bad = (amax == 0) | ~jnp.isfinite(amax) | (s_enc == 0)
+    return jnp.where(bad, jnp.float32(1), s_enc)
+
+
+def abs_max(x, axis=None, keepdims=False):
+    """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN)."""
+    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis, keepdims=keepdims)
+
+
+# --------------------------------------------------------------------------- block kernels
+
+
+def quantize_per_tensor(x, dtype, amax=None):
+    """Returns (data, scale_inv). ``amax`` may be given (e.g. reduced across shards)."""
+    x = x.astype(jnp.float32)
+    amax = abs_max(x) if amax is None else amax
+    scale = tensor_scale_fp8(amax, F.max_of(dtype))
+    return F.cast_satfinite(x * scale, dtype), jnp.float32(1) / scale
+
+
+def mxfp8_blocks(xb, scale_rule="rceil"):
+    """xb: float32 [..., n, 32]. Returns (E4M3 data [..., n, 32], uint8 codes [..., n])."""
+    amax = abs_max(xb, axis=-1)
+    code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
+    # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
+    k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
+    data = F.cast_satfinite(F.mul_exp2(xb, k[..., None]), F.E4M3)
+    return data, code
+
+
+def nvfp4_block_scales(amax_b, s_enc):
+    """s_b = cast_satfinite_e4m3(amax_b * (S_enc * fp32(1/6))), the product formed first."""
+    return F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3)
+
+
+def nvfp4_encode(x, s_b_f32, s_enc, rounding="nearest", key=None):
+    """E2M1 values of x given its (broadcastable) block scales as float32."""
+    s_dec = jnp.float32(1) / s_enc
+    enc = jnp.minimum(jnp.float32(1) / (s_b_f32 * s_dec), jnp.float32(F.FLT_MAX))
+    v = jnp.clip(x * enc, -F.E2M1_MAX, F.E2M1_MAX)
+    if rounding == "stochastic":
+        return F.e2m1_stochastic(v, key)
+    return v.astype(F.E2M1)
+
+
+def nvfp4_blocks(xb, s_enc, rounding="nearest", key=None):
+    """xb: float32 [..., n, 16]. Returns (E2M1 data, E4M3 block scales [..., n])."""
+    s_b = nvfp4_block_scales(abs_max(xb, axis=-1), s_enc)
+    data = nvfp4_encode(xb, s_b.astype(jnp.float32)[..., None], s_enc, rounding, key)
+    return data, s_b
+
+
+def nvfp4_tiles(xt, s_enc, rounding="nearest", key=None):
+    """xt: float32 [..., R, 16, C, 16] (16x16 tiles). Returns (E2M1 data, E4M3 [..., R, C])."""
+    s_b = nvfp4_block_scales(abs_max(xt, axis=(-3, -1)), s_enc)
+    s_full = s_b.astype(jnp.float32)[..., :, None, :, None]
+    return nvfp4_encode(xt, s_full, s_enc, rounding, key), s_b
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def to_blocks(x, axis, block):
+    """Moves ``axis`` last, zero-pads it to a multiple of ``block``, splits it into blocks."""
+    x = jnp.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    pad = -n % block
+    if pad:
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+    return x.reshape(x.shape[:-1] + ((n + pad) // block, block))
+
+
+def from_blocks(xb, axis, n):
+    x = xb.reshape(xb.shape[:-2] + (-1,))[..., :n]
+    return jnp.moveaxis(x, -1, axis)
+
+
+def to_tiles(x, tile=NVFP4_BLOCK):
+    """[..., R, C] -> zero-padded [..., R/16, 16, C/16, 16]."""
+    r, c = x.shape[-2:]
+    pr, pc = -r % tile, -c % tile
+    if pr or pc:
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pr), (0, pc)])
+    return x.reshape(x.shape[:-2] + ((r + pr) // tile, tile, (c + pc) // tile, tile))
+
+
+def from_tiles(xt, r, c):
+    s = xt.shape
+    return xt.reshape(s[:-4] + (s[-4] * s[-3], s[-2] * s[-1]))[..., :r, :c]
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not a known format; expected one of {FORMATS}")
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"x must be a floating-point array (bfloat16 or float32), got dtype {dtype}")
+    ndim = jnp.ndim(x)
+    if ndim == 0 and fmt in ("mxfp8", "nvfp4"):
+        raise ValueError(f"x must have at least one axis for block format {fmt!r}")
+    if ndim and not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for an array of rank {ndim}")
+    if block_2d and fmt != "nvfp4":
+        raise ValueError(f"block_2d=True is only defined for fmt='nvfp4', got fmt={fmt!r}")
+    if block_2d and ndim < 2:
+        raise ValueError(f"block_2d=True needs at least 2 axes (16x16 tiles over the last two), got rank {ndim}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not valid; expected one of {ROUNDINGS}")
+    if rounding == "stochastic" and fmt != "nvfp4":
+        raise ValueError(f"rounding='stochastic' is only defined for fmt='nvfp4', got fmt={fmt!r}")
+    if rounding == "stochastic" and key is None:
+        raise ValueError("rounding='stochastic' needs key= (a jax.random key)")
+    if scale_rule not in SCALE_RULES:
+        raise ValueError(f"scale_rule={scale_rule!r} is not valid; expected one of {SCALE_RULES}")
+
+
+def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
+             scale_rule="rceil") -> QuantizedTensor:
+    """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
+
+    fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
+    (32-element blocks, E8M0 scales; scale_rule "rceil" as TE, or OCP "floor"), "nvfp4"
+    (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
+    scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
+    """
+    _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+    x = jnp.asarray(x)
+    ndim = x.ndim
+    axis = axis % ndim if ndim else 0
+    xf = x.astype(jnp.float32)
+    if fmt in ("fp8_e4m3", "fp8_e5m2"):
+        data, scale_inv = quantize_per_tensor(xf, F.E4M3 if fmt == "fp8_e4m3" else F.E5M2)
+        return QuantizedTensor(data, scale_inv, None, fmt, axis)
+    if fmt == "mxfp8":
+        data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule)
+        data = from_blocks(data_b, axis, x.shape[axis])
+        return QuantizedTensor(data, jnp.moveaxis(F.e8m0_from_code(code), -1, axis), None, fmt, axis)
+    s_enc = nvfp4_tensor_scale(abs_max(xf))
+    s_dec = jnp.float32(1) / s_enc
+    if block_2d:
+        r, c = x.shape[-2:]
+        data_t, s_b = nvfp4_tiles(to_tiles(xf), s_enc, rounding, key)
+        return QuantizedTensor(from_tiles(data_t, r, c), s_b, s_dec, fmt, ndim - 1, True)
+    data_b, s_b = nvfp4_blocks(to_blocks(xf, axis, NVFP4_BLOCK), s_enc, rounding, key)
+    data = from_blocks(data_b, axis, x.shape[axis])
+    return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), s_dec, fmt, axis)
+
+
+def _expand(scale, axis, block, n):
+    """Repeats block scales along ``axis`` to element resolution (length n)."""
+    return lax.slice_in_dim(jnp.repeat(scale, block, axis=axis), 0, n, axis=axis)
+
+
+def dequantize(q: QuantizedTensor):
+    """float32 values of ``q``, the shape of the original tensor."""
+    data = q.data.astype(jnp.float32)
+    scale = q.scale.astype(jnp.float32)
+    if q.fmt in ("fp8_e4m3", "fp8_e5m2"):
+        return data * scale
+    if q.fmt == "mxfp8":
+        return data * _expand(scale, q.axis, MX_BLOCK, data.shape[q.axis])
+    if q.block_2d:
+        r, c = data.shape[-2:]
+        scale = _expand(_expand(scale, scale.ndim - 2, NVFP4_BLOCK, r), scale.ndim - 1, NVFP4_BLOCK, c)
+    else:
+        scale = _expand(scale, q.axis, NVFP4_BLOCK, data.shape[q.axis])
+    # q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
+    return data * scale * q.global_scale

@@ -1,0 +1,205 @@
+"""Precision recipes: which format each GEMM operand gets, and which layers stay in BF16.
+
+Named as Transformer Engine and Megatron Bridge name them, so a TE user finds the same
+knobs. A recipe is a frozen, hashable dataclass: it becomes part of the static attributes
+of every swapped ``nnx.Linear`` (so equal recipes share compiled code), and its per-operand
+choices are derived from its options in ``__post_init__`` so they can never disagree.
+
+Operands of a linear layer y = x W^T (docs/numerics.md):
+fprop (x, W along K), dgrad (dy, W along N), wgrad (x, dy along M, the tokens).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import ClassVar
+
+from lp_jax.backends import BACKENDS
+
+
+
+@dataclasses.dataclass(frozen=True)
+class OperandSpec:
+    """How one GEMM operand is quantized. fmt None means BF16 (not quantized)."""
+
+    fmt: str | None = None  # "fp8_e4m3" | "fp8_e5m2" | "mxfp8" | "nvfp4"
+    block_2d: bool = False  # NVFP4 weights: 16x16 tiles (one copy serves fprop and dgrad)
+    rht: bool = False  # random Hadamard transform along the contraction axis first
+    stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
+    scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
+
+
+_BF16_OPERAND = OperandSpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """Base: the FiLj layer policy and the backend; subclasses fill the six operand specs."""
+
+    name: ClassVar[str] = "bf16"
+    # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
+    first_bf16_layers: int = 0
+    last_bf16_layers: int = 0
+    # GEMM implementation; "auto" picks by platform (docs/backends.md). A backend that cannot
+    # run on the current platform raises; it never falls back silently.
+    backend: str = "auto"
+
+    fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    dgrad_dy: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    dgrad_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    wgrad_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+    wgrad_dy: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
+
+    def __post_init__(self):
+        for field in ("first_bf16_layers", "last_bf16_layers"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{field}={value!r} must be a non-negative integer")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not valid; expected one of {BACKENDS}")
+        for gemm_operand, spec in self._operands().items():
+            object.__setattr__(self, gemm_operand, spec)
+
+    def _operands(self) -> dict[str, OperandSpec]:
+        return {}
+
+    @property
+    def quantized(self) -> bool:
+        return any(getattr(self, f).fmt for f in OPERAND_FIELDS)
+
+    @property
+    def policy(self) -> str:
+        return f"F{self.first_bf16_layers}L{self.last_bf16_layers}"
+
+    def layer_is_bf16(self, layer: int, num_layers: int) -> bool:
+        return layer < self.first_bf16_layers or layer >= num_layers - self.last_bf16_layers
+
+
+OPERAND_FIELDS = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")
+
+
+@dataclasses.dataclass(frozen=True)
+class BF16(Recipe):
+    """BF16 GEMMs with FP32 accumulation, FP32 weight gradients: the baseline."""
+
+    name: ClassVar[str] = "bf16"
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8CurrentScaling(Recipe):
+    """FP8 with per-tensor current scaling (TE ``Float8CurrentScaling``).
+
+    fp8_format "HYBRID" (TE's default): x and W in E4M3, dy in E5M2 for its range; "E4M3":
+    all three in E4M3. Per-tensor scaling makes rowwise and columnwise copies identical, so
+    each tensor is quantized once and the bytes serve all GEMMs that use it.
+    """
+
+    name: ClassVar[str] = "fp8_cs"
+    first_bf16_layers: int = 1  # Megatron Bridge default F1L1
+    last_bf16_layers: int = 1
+    fp8_format: str = "HYBRID"
+
+    def _operands(self):
+        if self.fp8_format not in ("HYBRID", "E4M3"):
+            raise ValueError(f"fp8_format={self.fp8_format!r} is not valid; expected 'HYBRID' or 'E4M3'")
+        fwd = OperandSpec("fp8_e4m3")
+        grad = OperandSpec("fp8_e5m2" if self.fp8_format == "HYBRID" else "fp8_e4m3")
+        return dict(fprop_x=fwd, fprop_w=fwd, dgrad_dy=grad, dgrad_w=fwd, wgrad_x=fwd, wgrad_dy=grad)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP8BlockScaling(Recipe):
+    """MXFP8: 32-element blocks along each GEMM's contraction axis, E8M0 scales, all E4M3.
+
+    A copy along another axis is re-quantized from the high-precision tensor (TE does the
+    same): rowwise and columnwise MXFP8 differ.
+    """
+
+    name: ClassVar[str] = "mxfp8"
+    scale_rule: str = "rceil"  # TE/cuBLAS rounding; "floor" is the OCP v1.0 rule
+
+    def _operands(self):
+        if self.scale_rule not in ("rceil", "floor"):
+            raise ValueError(f"scale_rule={self.scale_rule!r} is not valid; expected 'rceil' or 'floor'")
+        mx = OperandSpec("mxfp8", scale_rule=self.scale_rule)
+        return {f: mx for f in OPERAND_FIELDS}
+
+
+@dataclasses.dataclass(frozen=True)
+class NVFP4BlockScaling(Recipe):
+    """NVFP4: E2M1 values, 16-element E4M3 block scales and an FP32 tensor scale.
+
+    Weights use 16x16 tiles (the same bytes serve fprop and dgrad); gradients use stochastic
+    rounding; wgrad operands go through the 16-point RHT along the token axis. The last four
+    layers stay in BF16 (Megatron Bridge F0L4): a fully NVFP4 model diverges at scale.
+    """
+
+    name: ClassVar[str] = "nvfp4"
+    last_bf16_layers: int = 4
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d: bool = False
+
+    def _operands(self):
+        sr = not self.disable_stochastic_rounding
+        rht = not self.disable_rht
+        w = OperandSpec("nvfp4", block_2d=not self.disable_2d)
+        return dict(
+            fprop_x=OperandSpec("nvfp4"),
+            fprop_w=w,
+            dgrad_dy=OperandSpec("nvfp4", stochastic=sr),
+            dgrad_w=w,
+            wgrad_x=OperandSpec("nvfp4", rht=rht),
+            wgrad_dy=OperandSpec("nvfp4", rht=rht, stochastic=sr),
+        )
+
+
+RECIPES: dict[str, type[Recipe]] = {
+    "bf16": BF16,
+    "fp8_cs": Float8CurrentScaling,
+    "mxfp8": MXFP8BlockScaling,
+    "nvfp4": NVFP4BlockScaling,
+    # Megatron Bridge's mixed_precision recipe names
+    "bf16_mixed": BF16,
+    "bf16_with_fp8_current_scaling_mixed": Float8CurrentScaling,
+    "bf16_with_mxfp8_mixed": MXFP8BlockScaling,
+    "bf16_with_nvfp4_mixed": NVFP4BlockScaling,
+    # TE class names
+    "BF16": BF16,
+    "Float8CurrentScaling": Float8CurrentScaling,
+    "MXFP8BlockScaling": MXFP8BlockScaling,
+    "NVFP4BlockScaling": NVFP4BlockScaling,
+}
+
+
+def parse_policy(policy: str) -> tuple[int, int]:
+    """'F1L4' -> (1, 4)."""
+    m = re.fullmatch(r"F(\d+)L(\d+)", policy.strip())
+    if not m:
+        raise ValueError(f"layer policy {policy!r} is not of the form F<i>L<j>, e.g. 'F0L4'")
+    return int(m.group(1)), int(m.group(2))
+
+
+def get_recipe(name: str | Recipe, **overrides) -> Recipe:
+    """A recipe by short, Megatron Bridge or TE name, with fields overridden by keyword.
+
+    ``policy="F1L1"`` is accepted as shorthand for first_bf16_layers/last_bf16_layers.
+    """
+    if isinstance(name, Recipe):
+        cls, base = type(name), {f.name: getattr(name, f.name) for f in dataclasses.fields(name) if f.init}
+    elif name in RECIPES:
+        cls, base = RECIPES[name], {}
+    else:
+        close = difflib.get_close_matches(str(name), list(RECIPES), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown recipe {name!r}{hint}; valid names: {', '.join(RECIPES)}")
+    overrides = dict(overrides)
+    if "policy" in overrides:
+        overrides["first_bf16_layers"], overrides["last_bf16_layers"] = parse_policy(overrides.pop("policy"))
+    valid = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in overrides:
+        if key not in valid:
+            raise ValueError(f"recipe {cls.__name__} has no field {key!r}; valid fields: {', '.join(valid)}")
+    return cls(**{**base, **overrides})

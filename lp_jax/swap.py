@@ -1,0 +1,122 @@
+"""apply_recipe: set the dot_general of the selected nnx.Linear modules, in place.
+
+Selection: by default every ``nnx.Linear`` inside a transformer layer, i.e. whose path has
+an integer right after a ``layers`` component (``layers/3/attn/q_proj``). The embedding and
+the LM head are never quantized, whatever the rules say (docs/numerics.md). ``include``
+and ``exclude`` are regular expressions (or lists of them) searched in the '/'-joined path.
+
+FiLj: the layer index is that integer; layers outside the policy get the BF16 recipe
+(still through LowPrecisionDotGeneral, so their weight gradients are FP32 like the rest).
+
+Stacked layers (one Linear whose kernel has a leading layer axis, made with nnx.vmap and
+run under nnx.scan): the policy is applied per slice at run time by
+``LayerPolicyDotGeneral``, which reads the scan index the model passes through
+``lp_jax.context.layer_scope``. lp_jax's own Llama stores layers unrolled and scans over
+runs of identical layers instead, so its stacks split exactly where the policy changes.
+
+Only static attributes change (``dot_general``, ``promote_dtype``): the state tree is
+untouched, so a checkpoint from one recipe loads into a model swapped to another. Calling
+apply_recipe again replaces what the previous call set.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from flax import nnx
+from flax.nnx.nn import dtypes as nnx_dtypes
+from jax import lax
+
+from lp_jax.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.layer_policy import LayerPolicyDotGeneral
+from lp_jax.recipes import BF16, Recipe, get_recipe
+
+LAYER_INDEX = re.compile(r"(?:^|/)layers/(\d+)(?:/|$)")
+IN_LAYERS = re.compile(r"(?:^|/)layers(?:/|$)")
+# Never quantized (embedding, LM head), whatever include says.
+NEVER = re.compile(r"(?:^|/)(?:embed\w*|lm_head|tok_embeddings|wte|output_head|head)(?:/|$)")
+
+
+@dataclasses.dataclass
+class SwapReport:
+    """What apply_recipe did: path -> recipe name, for every Linear it saw."""
+
+    recipe: str
+    policy: str
+    num_layers: int
+    quantized: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> recipe
+    bf16_by_policy: list[str] = dataclasses.field(default_factory=list)
+    per_slice: dict[str, str] = dataclasses.field(default_factory=dict)  # stacked path -> policy
+    not_selected: list[str] = dataclasses.field(default_factory=list)
+    unmatched_rules: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers: "
+                 f"{len(self.quantized)} Linears quantized, {len(self.bf16_by_policy)} kept in BF16 "
+                 f"by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
+                 f"{len(self.not_selected)} not selected"]
+        if self.not_selected:
+            lines.append("  not selected: " + ", ".join(self.not_selected))
+        if self.unmatched_rules:
+            lines.append("  rules that matched nothing: " + ", ".join(self.unmatched_rules))
+        return "\n".join(lines)
+
+
+def _patterns(rules) -> list[str]:
+    if rules is None:
+        return []
+    return [rules] if isinstance(rules, str) else list(rules)
+
+
+def _linears(model):
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Linear):
+            yield "/".join(map(str, path)), node
+
+
+def _reset(linear: nnx.Linear):
+    """Undoes an earlier apply_recipe on this Linear (a user's own dot_general is kept)."""
+    if isinstance(linear.dot_general, (LowPrecisionDotGeneral, LayerPolicyDotGeneral)):
+        linear.dot_general = lax.dot_general
+        linear.promote_dtype = nnx_dtypes.promote_dtype
+
+
+def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
+                 num_layers: int | None = None) -> SwapReport:
+    """Swaps in ``recipe`` (a Recipe or a name) on the selected Linears of ``model``."""
+    if isinstance(recipe, str):
+        recipe = get_recipe(recipe)
+    includes, excludes = _patterns(include), _patterns(exclude)
+    used = {p: False for p in includes + excludes}
+    linears = list(_linears(model))
+    indices = [int(m.group(1)) for path, _ in linears if (m := LAYER_INDEX.search(path))]
+    stacked_depths = [lin.kernel.shape[0] for path, lin in linears
+                      if IN_LAYERS.search(path) and not LAYER_INDEX.search(path) and lin.kernel.ndim > 2]
+    if num_layers is None:
+        num_layers = max(indices) + 1 if indices else max(stacked_depths, default=0)
+    if recipe.first_bf16_layers + recipe.last_bf16_layers > num_layers and recipe.quantized:
+        raise ValueError(f"layer policy {recipe.policy} keeps more layers in BF16 than the model has "
+                         f"({num_layers})")
+    bf16 = BF16(backend=recipe.backend)
+    report = SwapReport(type(recipe).__name__, recipe.policy, num_layers)
+    for path, linear in linears:
+        selected = any(re.search(p, path) for p in includes) if includes else bool(IN_LAYERS.search(path))
+        for p in includes + excludes:
+            used[p] = used[p] or bool(re.search(p, path))
+        if any(re.search(p, path) for p in excludes) or NEVER.search(path) or not selected:
+            _reset(linear)
+            report.not_selected.append(path)
+            continue
+        linear.promote_dtype = KeepKernelDtype()
+        m = LAYER_INDEX.search(path)
+        if m is None and linear.kernel.ndim > 2:
+            linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers)
+            report.per_slice[path] = recipe.policy
+        elif m is not None and recipe.layer_is_bf16(int(m.group(1)), num_layers):
+            linear.dot_general = LowPrecisionDotGeneral(bf16)
+            report.bf16_by_policy.append(path)
+        else:
+            linear.dot_general = LowPrecisionDotGeneral(recipe)
+            report.quantized[path] = type(recipe).__name__
+    report.unmatched_rules = [p for p, hit in used.items() if not hit]
+    return report

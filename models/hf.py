@@ -1,0 +1,253 @@
+"""Hugging Face Llama folders <-> the NNX Llama, and <-> a plain Orbax checkpoint of its state.
+
+    model = load_hf("path/to/Llama-3.2-1B", dtype=jnp.bfloat16)   # logits computed in dtype
+    save_hf(model, "out/")                                         # config.json + safetensors
+
+A folder is `config.json` (transformers 4.x or 5.x style) plus `model.safetensors` or a sharded
+`model.safetensors.index.json`. Tensors are read and written with `safetensors` only (never
+pickle). Command line (docs/models.md):
+
+    python -m models.hf import HF_DIR CKPT_DIR      # HF folder -> Orbax checkpoint of the state
+    python -m models.hf export CKPT_DIR HF_DIR [--dtype bfloat16] [--max-shard-size 5GB]
+
+CKPT_DIR holds `state/` (an `ocp.StandardCheckpointer` save of `nnx.state(model)`),
+`llama_config.json` (the LlamaConfig) and `hf_config.json` (the source config.json, whose
+extra keys, such as token ids, are carried back on export).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx import traversals
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
+from models.hf_config import (IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf,
+                              tensor_map)
+from models.llama import Llama
+
+__all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "save_state_checkpoint",
+           "load_state_checkpoint"]
+
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+# safetensors dtype codes this converter reads and writes; anything else (F8, I8, F64, ...)
+# is refused rather than silently rounded.
+_READABLE = {"F32": np.float32, "BF16": jnp.bfloat16, "F16": np.float16}
+
+
+def _check_dtype(dtype, what: str):
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise HFError(f"{what} {dtype!r} is not a dtype; allowed: {', '.join(COMPUTE_DTYPES)}") from None
+    if dt.name not in COMPUTE_DTYPES:
+        raise HFError(f"{what} {dt.name} cannot be represented; allowed: {', '.join(COMPUTE_DTYPES)}")
+    return dt
+
+
+def read_hf_config(path: str) -> dict:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise HFError(f"missing file {config_path}")
+    try:
+        with open(config_path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise HFError(f"{config_path} is not valid JSON: {e}") from None
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """HF tensor name -> safetensors file holding it."""
+    single, index = os.path.join(path, SINGLE_FILE), os.path.join(path, INDEX_FILE)
+    if os.path.isfile(single):
+        with safe_open(single, framework="numpy") as f:
+            return {name: single for name in f.keys()}
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise HFError(f"{index} has no weight_map")
+        for shard in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, shard)):
+                raise HFError(f"missing file {os.path.join(path, shard)} (listed in {INDEX_FILE})")
+        return {name: os.path.join(path, shard) for name, shard in weight_map.items()}
+    raise HFError(f"missing file {single} (nor a sharded {INDEX_FILE}); only safetensors are read")
+
+
+def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
+    """Reads every expected tensor, checking presence, dtype and shape against cfg."""
+    files = _weight_files(path)
+    expected = {name: (p, t) for name, p, t in tensor_map(cfg)}
+    unexpected = [n for n in files if n not in expected and not n.endswith(IGNORED_TENSOR_SUFFIXES)
+                  and not (cfg.tie_embeddings and n == "lm_head.weight")]  # tied: HF ignores it too
+    if unexpected:
+        raise HFError(f"unexpected tensor {unexpected[0]} in {path} (not a weight of a "
+                      f"LlamaForCausalLM with this config.json; {len(unexpected)} in all)")
+    missing = [n for n in expected if n not in files]
+    if missing:
+        raise HFError(f"missing tensor {missing[0]} in {path} ({len(missing)} missing in all)")
+    shapes = _hf_shapes(cfg)
+    out = {}
+    by_file: dict[str, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="numpy") as f:
+            for name in names:
+                sl = f.get_slice(name)
+                code, shape = sl.get_dtype(), tuple(sl.get_shape())
+                if code not in _READABLE:
+                    raise HFError(f"tensor {name} has dtype {code}, which cannot be represented "
+                                  f"here; supported: {', '.join(_READABLE)}")
+                if shape != shapes[name]:
+                    raise HFError(f"tensor {name} has shape {shape} but config.json implies {shapes[name]}")
+                out[name] = f.get_tensor(name)
+    return out
+
+
+def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    flat = dict(nnx.to_flat_state(nnx.state(abstract)))
+    return {name: tuple(reversed(flat[p].shape)) if t else tuple(flat[p].shape)
+            for name, p, t in tensor_map(cfg)}
+
+
+def model_from_tensors(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> Llama:
+    """Builds the model directly from HF tensors (no random init of the full model)."""
+    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = {}
+    for name, p, transpose in tensor_map(cfg):
+        array = tensors[name].T if transpose else tensors[name]
+        flat[p] = jnp.asarray(array.astype(cfg.param_dtype))
+    nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(flat))
+    return nnx.merge(graphdef, state)
+
+
+def load_hf(path: str, dtype=jnp.bfloat16, *, param_dtype=jnp.float32) -> Llama:
+    """The model of an HF Llama folder; its call computes in `dtype`, its parameters are kept
+    in `param_dtype` (float32 master weights by default; BF16 or F16 files widen exactly)."""
+    dtype, param_dtype = _check_dtype(dtype, "dtype"), _check_dtype(param_dtype, "param_dtype")
+    cfg = config_from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
+    return model_from_tensors(cfg, _read_tensors(path, cfg))
+
+
+def _parse_size(size) -> int:
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*", str(size))
+    if not m:
+        raise HFError(f"bad shard size {size!r}; write e.g. 5GB, 500MB or a byte count")
+    unit = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KiB": 2**10, "MiB": 2**20,
+            "GiB": 2**30}[m.group(2) or "B"]
+    return int(float(m.group(1)) * unit)
+
+
+def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
+    """The model's parameters as HF-named numpy arrays in `dtype` (default: param_dtype)."""
+    cfg = model.config
+    dt = _check_dtype(cfg.param_dtype if dtype is None else dtype, "export dtype")
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    out = {}
+    for name, p, transpose in tensor_map(cfg):
+        src = np.asarray(flat[p][...])
+        src = src.T if transpose else src
+        with np.errstate(over="ignore"):  # overflow is detected just below, with a clear error
+            array = np.ascontiguousarray(src).astype(dt)
+        if not np.array_equal(np.isfinite(array), np.isfinite(src)):
+            raise HFError(f"tensor {name} has values that {dt.name} cannot represent (overflow); "
+                          f"export in float32 or bfloat16")
+        out[name] = array
+    return out
+
+
+def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
+            extra_config: dict | None = None) -> None:
+    """Writes config.json and model.safetensors (or shards plus model.safetensors.index.json
+    when larger than max_shard_size) so that transformers' LlamaForCausalLM loads the folder.
+    `extra_config` keys (bos/eos token ids, ...) are added to config.json."""
+    tensors = hf_tensors(model, dtype)
+    dt_name = next(iter(tensors.values())).dtype.name
+    os.makedirs(path, exist_ok=True)
+    for stale in [SINGLE_FILE, INDEX_FILE] + [f for f in os.listdir(path)
+                                             if re.fullmatch(r"model-\d+-of-\d+\.safetensors", f)]:
+        if os.path.exists(os.path.join(path, stale)):
+            os.remove(os.path.join(path, stale))  # a folder must not hold two weight layouts
+    limit = _parse_size(max_shard_size)
+    shards, current, size = [], {}, 0
+    for name, array in tensors.items():
+        if current and size + array.nbytes > limit:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = array
+        size += array.nbytes
+    shards.append(current)
+    metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, SINGLE_FILE), metadata=metadata)
+    else:
+        weight_map = {}
+        for k, shard in enumerate(shards, 1):
+            fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(path, fname), metadata=metadata)
+            weight_map.update({name: fname for name in shard})
+        index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+                 "weight_map": weight_map}
+        with open(os.path.join(path, INDEX_FILE), "w") as f:
+            json.dump(index, f, indent=2)
+    config = {**(extra_config or {}), **config_to_hf(model.config, dt_name)}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+# ---- plain Orbax checkpoints of the model state (the CLI's other side) ----
+
+def save_state_checkpoint(model: Llama, ckpt_dir: str, *, hf_config: dict | None = None) -> None:
+    import orbax.checkpoint as ocp  # deferred: load_hf/save_hf need no Orbax
+    ckpt_dir = os.path.abspath(ckpt_dir)
+    os.makedirs(ckpt_dir, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(ckpt_dir, "state"), nnx.state(model))
+    with open(os.path.join(ckpt_dir, "llama_config.json"), "w") as f:
+        json.dump(config_to_dict(model.config), f, indent=2)
+    if hf_config is not None:
+        with open(os.path.join(ckpt_dir, "hf_config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2)
+
+
+def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llama:
+    """Restores a model from save_state_checkpoint's folder (or a bare StandardCheckpointer
+    folder of nnx.state(model) when `cfg` is given)."""
+    import orbax.checkpoint as ocp
+    ckpt_dir = os.path.abspath(ckpt_dir)
+    state_dir = os.path.join(ckpt_dir, "state")
+    if cfg is None:
+        config_path = os.path.join(ckpt_dir, "llama_config.json")
+        if not os.path.isfile(config_path):
+            raise HFError(f"missing file {config_path} (pass a preset for a bare state checkpoint)")
+        with open(config_path) as f:
+            cfg = config_from_dict(json.load(f))
+    if not os.path.isdir(state_dir):
+        state_dir = ckpt_dir
+    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    graphdef, target = nnx.split(abstract)
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            state = ckptr.restore(state_dir, target)
+    except (FileNotFoundError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first if len(first) <= 200 else first[:200] + "..."  # Orbax lists every key
+        raise HFError(f"cannot restore {state_dir} as this model's state: {first}") from None
+    return nnx.merge(graphdef, state)
+
+
+if __name__ == "__main__":
+    from models.hf_cli import main
+    sys.exit(main())

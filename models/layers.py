@@ -1,0 +1,172 @@
+"""The pieces of a Llama 3 block: RMSNorm, RoPE (with Llama 3 scaling), GQA attention, SwiGLU.
+
+Shape suffixes: B batch, T query length, S key length, D hidden, N query heads, K KV heads,
+G = N / K heads per KV group, H head_dim, F intermediate, V vocabulary.
+Every projection is a plain `nnx.Linear` with the default dot_general, so `lp_jax.apply_recipe`
+can swap its `dot_general` in place; nothing here knows about precision recipes.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import LlamaConfig, output_init_std
+
+# Additive mask value: finite, so a row with nothing to attend to (a padding query in a KV
+# cache) gives a uniform softmax instead of NaN.
+_MASKED = float(np.finfo(np.float32).min)
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, computed in float32 whatever the compute dtype (as HF and Megatron)."""
+
+    def __init__(self, features: int, cfg: LlamaConfig):
+        self.eps = cfg.rms_norm_eps
+        self.dtype = cfg.dtype
+        self.scale = nnx.Param(jnp.ones((features,), cfg.param_dtype))
+
+    def __call__(self, x_BxLxD):
+        x = x_BxLxD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """Per-pair inverse frequencies [H/2], float32, computed as transformers does (float32 powers
+    of theta, then Llama 3 scaling) so imported checkpoints match to rounding."""
+    exponent = np.arange(0, cfg.head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(cfg.head_dim)
+    inv_freq = (np.float32(1.0) / (np.float32(cfg.rope_theta) ** exponent)).astype(np.float32)
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3.1: wavelengths beyond original/low_freq_factor are stretched by `factor`, those
+    # below original/high_freq_factor are kept, and the band between is interpolated.
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = np.float32(2 * math.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(s.factor), inv_freq)
+    smooth = ((np.float32(s.original_max_position_embeddings) / wavelen - np.float32(s.low_freq_factor))
+              / np.float32(s.high_freq_factor - s.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / np.float32(s.factor) + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(positions_BxL, cfg: LlamaConfig):
+    """(cos, sin), each float32 [B, L, H/2], for the given integer positions."""
+    inv_freq = jnp.asarray(rope_inv_freq(cfg))
+    angles_BxLxH2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(angles_BxLxH2), jnp.sin(angles_BxLxH2)
+
+
+def apply_rope(x_BxLxNxH, cos_BxLxH2, sin_BxLxH2):
+    """Rotates the pairs (i, i + H/2) ("rotate_half", HF's layout), in float32."""
+    x = x_BxLxNxH.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_BxLxH2[:, :, None, :], sin_BxLxH2[:, :, None, :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxLxNxH.dtype)
+
+
+def attention_core(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+    """softmax(q k^T / sqrt(H) + mask) v with grouped KV heads (never repeated in memory).
+
+    Scores and softmax in float32; the probabilities are cast back to the compute dtype for the
+    PV matmul (as transformers does). Memory: the float32 scores are B*N*T*S*4 bytes, 8.6 GB per
+    sequence and layer at N=32, T=S=8192; at that length use remat (the scores are not saved
+    by "full" or "dots_with_no_batch_dims_saveable") or attention_impl="cudnn".
+    """
+    b, t, n, h = q_BxTxNxH.shape
+    k = k_BxSxKxH.shape[2]
+    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, k, n // k, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k_BxSxKxH,
+                        preferred_element_type=jnp.float32) * (1.0 / math.sqrt(h))
+    scores = jnp.where(mask_BxTxS[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
+    out_BxTxKxGxH = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH)
+    return out_BxTxKxGxH.reshape(b, t, n, h)
+
+
+def attention_dpa(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, segment_ids_BxL, implementation):
+    """The same attention through jax.nn.dot_product_attention (causal, plus the document mask
+    when segment_ids is given). With implementation="cudnn" this is the flash kernel, which
+    never stores the [T, S] scores; the document mask, when present, still costs B*T*S bytes."""
+    mask = None
+    if segment_ids_BxL is not None:
+        mask = (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])[:, None]
+    return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=mask,
+                                        is_causal=True, implementation=implementation)
+
+
+def _linear(cfg: LlamaConfig, rngs: nnx.Rngs, d_in: int, d_out: int, std: float) -> nnx.Linear:
+    return nnx.Linear(d_in, d_out, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                      kernel_init=nnx.initializers.normal(std), rngs=rngs)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = _linear(cfg, rngs, d, q, cfg.init_std)
+        self.k_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
+        self.v_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
+        self.o_proj = _linear(cfg, rngs, q, d, output_init_std(cfg))
+
+    def __call__(self, x_BxTxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
+        """Returns the output [B, T, D]; with a KV cache ((k, v), each [B, S, K, H]), returns
+        (output, updated cache), the new keys written at `cache_index`."""
+        cfg = self.config
+        b, t, _ = x_BxTxD.shape
+        q = self.q_proj(x_BxTxD).reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), cache_index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), cache_index, axis=1)
+            out = attention_core(q, k, v, mask_BxTxS)
+        elif cfg.attention_impl == "cudnn":
+            out = attention_dpa(q, k, v, segment_ids_BxL, "cudnn")
+        else:
+            out = attention_core(q, k, v, mask_BxTxS)
+        out = self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim))
+        return out if cache is None else (out, (k, v))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _linear(cfg, rngs, d, f, cfg.init_std)
+        self.up_proj = _linear(cfg, rngs, d, f, cfg.init_std)
+        self.down_proj = _linear(cfg, rngs, f, d, output_init_std(cfg))
+
+    def __call__(self, x_BxLxD):
+        gate = self.gate_proj(x_BxLxD)
+        up = self.up_proj(x_BxLxD)
+        h_BxLxF = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(gate.dtype)
+        return self.down_proj(h_BxLxF)
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then h + mlp(norm(h))."""
+
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x_BxLxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
+        attn = self.attn(self.attn_norm(x_BxLxD), rope, mask_BxTxS, segment_ids_BxL, cache, cache_index)
+        if cache is not None:
+            attn, cache = attn
+        h_BxLxD = x_BxLxD + attn
+        out = h_BxLxD + self.mlp(self.mlp_norm(h_BxLxD))
+        return out if cache is None else (out, cache)
+

@@ -1,0 +1,160 @@
+"""The Llama 3 decoder in Flax NNX.
+
+    from models import llama
+    cfg = llama.preset("tiny")
+    model = llama.Llama(cfg, rngs=nnx.Rngs(0))
+    logits_BxLxV = model(tokens_BxL, positions=None, segment_ids=None)
+
+Module paths are a contract with lp_jax's precision swapper, which picks Linears by path and
+reads the layer index right after `layers`: `embed`, `layers/<i>/{attn_norm, attn/{q,k,v,o}_proj,
+mlp_norm, mlp/{gate,up,down}_proj}`, `final_norm`, `lm_head` (absent when tied).
+
+Layers are always stored unrolled (`layers/<i>`), so checkpoints and the HF mapping do not
+depend on `scan_layers`. With `scan_layers=True`, each call splits the layers, groups
+consecutive layers whose graphdefs are equal (a layer whose Linears got a different
+dot_general, e.g. one kept in BF16 by a FiLj policy, has a different graphdef and starts a new
+group), stacks each group's parameters and runs `jax.lax.scan` over it. The stacking copies
+those parameters once per call (the price of keeping one checkpoint layout); it buys compile
+time that does not grow with depth.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lp_jax.context import layer_scope
+from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
+    ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
+    config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
+from models.layers import Block, RMSNorm, rope_tables
+
+__all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeScaling",
+           "LlamaConfig", "causal_document_mask", "config_from_dict", "config_to_dict",
+           "count_params", "flops_per_token", "layer_groups", "matmul_params", "output_init_std",
+           "preset", "rope_tables"]
+
+
+def _remat_policy(name: str):
+    return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
+            "dots_with_no_batch_dims_saveable":
+                jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+
+
+def causal_document_mask(segment_ids_BxL, batch: int, length: int):
+    """[B, T, S] bool: key s is visible to query t iff s <= t (by index in the row, not by
+    position) and both belong to the same document."""
+    idx = jnp.arange(length)
+    mask_TxS = idx[:, None] >= idx[None, :]
+    if segment_ids_BxL is None:
+        return jnp.broadcast_to(mask_TxS, (batch, length, length))
+    same_doc_BxTxS = segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+    return mask_TxS[None] & same_doc_BxTxS
+
+
+def layer_groups(graphdefs) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive equal graphdefs: each run is scanned as one stack."""
+    groups, start = [], 0
+    for i in range(1, len(graphdefs) + 1):
+        if i == len(graphdefs) or graphdefs[i] != graphdefs[start]:
+            groups.append((start, i))
+            start = i
+    return groups
+
+
+class Llama(nnx.Module):
+    def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
+                               param_dtype=cfg.param_dtype,
+                               embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
+                                      dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                                      kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
+
+    def __call__(self, tokens_BxL, positions=None, segment_ids=None):
+        """Logits [B, L, V] in cfg.dtype. `positions` [B, L] default to 0..L-1 per row (pass
+        per-document positions for packed rows); `segment_ids` [B, L] are document ids: a
+        token attends only to earlier tokens of its own document. None: one document per row."""
+        b, length = tokens_BxL.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+        rope = rope_tables(positions, self.config)
+        # The cuDNN kernel builds its own causal mask; do not materialize ours for it.
+        mask = None if self.config.attention_impl == "cudnn" else causal_document_mask(segment_ids, b, length)
+        x = self.embed(tokens_BxL)
+        x = self._run_layers(x, rope, mask, segment_ids)
+        return self._logits(x)
+
+    def _logits(self, x_BxLxD):
+        x = self.final_norm(x_BxLxD)
+        if self.config.tie_embeddings:
+            return self.embed.attend(x)
+        return self.lm_head(x)
+
+    def _layer_fn(self, graphdef):
+        """The per-layer body (state, x, layer index) -> x, with the remat policy applied."""
+        def body(state, x, i, rope, mask, segment_ids):
+            with layer_scope(i):  # per-layer random bits for stochastic rounding in lp_jax
+                return nnx.merge(graphdef, state)(x, rope, mask, segment_ids)
+        if self.config.remat == "none":
+            return body
+        return jax.checkpoint(body, policy=_remat_policy(self.config.remat))
+
+    def _run_layers(self, x, rope, mask, segment_ids):
+        if not self.config.scan_layers:
+            if self.config.remat == "none":
+                for i, layer in enumerate(self.layers):
+                    with layer_scope(i):
+                        x = layer(x, rope, mask, segment_ids)
+                return x
+            for i, layer in enumerate(self.layers):
+                graphdef, state = nnx.split(layer)
+                # jnp.int32 so the index reaches layer_scope as it would from a scan.
+                x = self._layer_fn(graphdef)(state, x, jnp.int32(i), rope, mask, segment_ids)
+            return x
+        split = [nnx.split(layer) for layer in self.layers]
+        for start, end in layer_groups([g for g, _ in split]):
+            graphdef = split[start][0]
+            fn = self._layer_fn(graphdef)
+            if end - start == 1:
+                x = fn(split[start][1], x, jnp.int32(start), rope, mask, segment_ids)
+                continue
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[s for _, s in split[start:end]])
+
+            def scan_body(carry, xs, fn=fn):
+                i, state = xs
+                return fn(state, carry, i, rope, mask, segment_ids), None
+
+            x, _ = jax.lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), stacked))
+        return x
+
+    # ---- KV-cache inference (models/generate.py) ----
+
+    def init_cache(self, batch: int, max_len: int):
+        """Per-layer (k, v) buffers, each [B, max_len, K, H] in cfg.dtype, zero-filled."""
+        cfg = self.config
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return tuple((jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+                     for _ in range(cfg.num_layers))
+
+    def decode(self, tokens_BxT, cache, cache_index):
+        """Runs T new tokens at positions cache_index.. (the same for every row), attending to
+        the cache plus themselves; returns (logits [B, T, V], updated cache). Layers run
+        unrolled here whatever scan_layers says: inference needs no gradient memory."""
+        b, t = tokens_BxT.shape
+        max_len = cache[0][0].shape[1]
+        query_pos_T = cache_index + jnp.arange(t, dtype=jnp.int32)
+        positions = jnp.broadcast_to(query_pos_T, (b, t))
+        mask_BxTxS = jnp.broadcast_to(jnp.arange(max_len)[None, :] <= query_pos_T[:, None], (b, t, max_len))
+        rope = rope_tables(positions, self.config)
+        x = self.embed(tokens_BxT)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            with layer_scope(i):
+                x, layer_cache = layer(x, rope, mask_BxTxS, None, cache[i], cache_index)
+            new_cache.append(layer_cache)
+        return self._logits(x), tuple(new_cache)

@@ -1,0 +1,67 @@
+"""Recipes: names, overrides, per-operand choices of docs/numerics.md, hashability."""
+import pytest
+
+import lp_jax as lp
+
+
+@pytest.mark.parametrize("name,cls", [
+    ("bf16", lp.BF16), ("fp8_cs", lp.Float8CurrentScaling), ("mxfp8", lp.MXFP8BlockScaling),
+    ("nvfp4", lp.NVFP4BlockScaling), ("bf16_mixed", lp.BF16),
+    ("bf16_with_fp8_current_scaling_mixed", lp.Float8CurrentScaling),
+    ("bf16_with_mxfp8_mixed", lp.MXFP8BlockScaling), ("bf16_with_nvfp4_mixed", lp.NVFP4BlockScaling),
+])
+def test_names(name, cls):
+    assert type(lp.get_recipe(name)) is cls
+
+
+def test_default_policies_follow_megatron_bridge():
+    assert lp.get_recipe("fp8_cs").policy == "F1L1"
+    assert lp.get_recipe("mxfp8").policy == "F0L0"
+    assert lp.get_recipe("nvfp4").policy == "F0L4"
+    assert lp.get_recipe("nvfp4", policy="F2L1").policy == "F2L1"
+
+
+def test_fp8_cs_operands_hybrid():
+    r = lp.get_recipe("fp8_cs")
+    assert (r.fprop_x.fmt, r.fprop_w.fmt, r.dgrad_dy.fmt) == ("fp8_e4m3", "fp8_e4m3", "fp8_e5m2")
+    assert (r.dgrad_w.fmt, r.wgrad_x.fmt, r.wgrad_dy.fmt) == ("fp8_e4m3", "fp8_e4m3", "fp8_e5m2")
+    assert lp.get_recipe("fp8_cs", fp8_format="E4M3").dgrad_dy.fmt == "fp8_e4m3"
+
+
+def test_mxfp8_operands_all_e4m3_blocks():
+    r = lp.get_recipe("mxfp8", scale_rule="floor")
+    for f in ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy"):
+        assert getattr(r, f) == lp.OperandSpec("mxfp8", scale_rule="floor")
+
+
+def test_nvfp4_operands_and_ablations():
+    r = lp.get_recipe("nvfp4")
+    assert r.fprop_w.block_2d and r.dgrad_w == r.fprop_w
+    assert not r.fprop_x.block_2d and not r.fprop_x.stochastic and not r.fprop_x.rht
+    assert r.dgrad_dy.stochastic and not r.dgrad_dy.rht
+    assert r.wgrad_x.rht and not r.wgrad_x.stochastic
+    assert r.wgrad_dy.rht and r.wgrad_dy.stochastic
+    off = lp.get_recipe("nvfp4", disable_rht=True, disable_stochastic_rounding=True, disable_2d=True)
+    assert not any(getattr(off, f).rht or getattr(off, f).stochastic or getattr(off, f).block_2d
+                   for f in ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy"))
+
+
+def test_recipes_are_hashable_and_compare_by_value():
+    a, b = lp.get_recipe("nvfp4"), lp.get_recipe("bf16_with_nvfp4_mixed")
+    assert a == b and hash(a) == hash(b)
+    assert a != lp.get_recipe("nvfp4", disable_rht=True)
+    assert lp.dot_general(a) == lp.dot_general("nvfp4")
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: lp.get_recipe("fp4"), "unknown recipe 'fp4'.*valid names"),
+    (lambda: lp.get_recipe("nvfp4", disable_hadamard=True), "no field 'disable_hadamard'.*disable_rht"),
+    (lambda: lp.get_recipe("fp8_cs", fp8_format="E5M2"), "fp8_format"),
+    (lambda: lp.get_recipe("mxfp8", scale_rule="ceil"), "scale_rule"),
+    (lambda: lp.get_recipe("nvfp4", last_bf16_layers=-1), "last_bf16_layers"),
+    (lambda: lp.get_recipe("nvfp4", policy="L4"), "F<i>L<j>"),
+    (lambda: lp.get_recipe("bf16", backend="cuda"), "backend"),
+])
+def test_bad_input_raises_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
