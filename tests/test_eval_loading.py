@@ -3,8 +3,10 @@
 import sys
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 import yaml
@@ -32,16 +34,30 @@ class Toy(nnx.Module):
         self.proj = nnx.Linear(4, 6, rngs=rngs)
 
 
-def _save_run(run_dir, model, step):
+def _save_run(run_dir, model, step, layout="model"):
+    """layout "model": item `state` is the model's nnx.State; "train": the trainer's
+    train-state dict (params, rest, optimizer moments, counters) plus a `meta` item."""
     manager = ocp.CheckpointManager(str(run_dir / "checkpoints"))
-    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(nnx.state(model))))
+    items = {}
+    if layout == "model":
+        items["state"] = ocp.args.StandardSave(nnx.state(model))
+    else:
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        tx = optax.adamw(1e-3)
+        items["state"] = ocp.args.StandardSave(
+            {"params": params, "rest": rest, "opt_state": tx.init(params),
+             "step": jnp.array(step), "rng": jax.random.key_data(jax.random.key(0))})
+        items["meta"] = ocp.args.JsonSave({"recipe": "nvfp4"})
+    manager.save(step, args=ocp.args.Composite(**items))
     manager.wait_until_finished()
     manager.close()
 
 
-def test_run_dir_restores_the_latest_model_state(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["model", "train"])
+def test_run_dir_restores_the_latest_model_state(tmp_path, monkeypatch, layout):
     trained = Toy(nnx.Rngs(7))
-    _save_run(tmp_path, trained, 5)
+    _save_run(tmp_path, Toy(nnx.Rngs(1)), 2, layout)
+    _save_run(tmp_path, trained, 5, layout)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(
         {"model": {"preset": "tiny", "num_layers": 2, "remat": True}, "data": {"tokenizer": "bytes"}}))
     seen = {}
@@ -69,6 +85,18 @@ def test_run_dir_errors(tmp_path):
     (tmp_path / "config.yaml").write_text("model: {hidden_size: 8}\n")
     with pytest.raises(loading.LoadError, match="no model.preset"):
         loading.load_from_run_dir(str(tmp_path))
+    abstract = nnx.eval_shape(lambda: Toy(nnx.Rngs(0)))
     with pytest.raises(loading.LoadError, match="no checkpoint folder"):
-        loading.restore_model_state(nnx.eval_shape(lambda: Toy(nnx.Rngs(0))),
-                                    str(tmp_path / "checkpoints"))
+        loading.restore_model_state(abstract, str(tmp_path / "checkpoints"))
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(loading.LoadError, match="no checkpoint saved yet"):
+        loading.restore_model_state(abstract, str(tmp_path / "checkpoints"))
+
+
+def test_checkpoint_without_a_state_item(tmp_path):
+    manager = ocp.CheckpointManager(str(tmp_path))
+    manager.save(1, args=ocp.args.Composite(other=ocp.args.JsonSave({"a": 1})))
+    manager.wait_until_finished()
+    manager.close()
+    with pytest.raises(loading.LoadError, match="step 1: no readable item 'state'"):
+        loading.restore_model_state(nnx.eval_shape(lambda: Toy(nnx.Rngs(0))), str(tmp_path))

@@ -89,26 +89,64 @@ def build_model_from_run_config(model_section: dict, dtype) -> Any:
     return nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))), cfg.max_seq_len
 
 
+def _on_device(abstract_tree):
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_tree)
+
+
 def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | None = None):
-    """Restores item `state` (the model's nnx.State) of an Orbax CheckpointManager folder
-    into `abstract_model`; returns the concrete model and the step read."""
+    """Restores the model from item `state` of an Orbax CheckpointManager folder (latest
+    step by default); returns the concrete model and the step read.
+
+    Two layouts of that item are read:
+    - the trainer's train-state dict {"params": nnx.State of the nnx.Params, "rest": the
+      other variables, "opt_state", "step", ...}: only params (and a non-empty rest) are
+      restored, a partial restore that never reads the optimizer moments (twice the
+      parameters' size);
+    - the model's whole nnx.State.
+    """
     import orbax.checkpoint as ocp
     from flax import nnx
 
     if not os.path.isdir(checkpoint_dir):
         raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
-    manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir))
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
-    graphdef, abstract_state = nnx.split(abstract_model)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
-    restored = manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
-    manager.close()
-    return nnx.merge(graphdef, restored["state"]), step
+    # A PyTree handler reads the item whether it was written with StandardSave or
+    # PyTreeSave, and knows its saved structure before anything is restored.
+    manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
+                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
+    try:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
+        try:
+            saved = manager.item_metadata(step)["state"]
+        except (FileNotFoundError, KeyError, ValueError) as e:
+            raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
+        if saved is None:
+            raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state'")
+        tree = getattr(saved, "tree", saved)
+        if isinstance(tree, dict) and "params" in tree:
+            graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
+            target = {"params": _on_device(params)}
+            if jax.tree.leaves(rest):
+                target["rest"] = _on_device(rest)
+            partial = True
+        else:
+            graphdef, target = nnx.split(abstract_model)
+            target = _on_device(target)
+            partial = False
+        args = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=partial)
+        restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+        if partial:
+            model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
+        else:
+            model = nnx.merge(graphdef, restored)
+    finally:
+        manager.close()
+    return model, step
 
 
 def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
@@ -118,8 +156,9 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
       overrides give the model, `data.tokenizer` (default "bytes") the tokenizer via
       `lp_jax.training.tokenizers.get_tokenizer`;
     - `RUN_DIR/checkpoints` (or `checkpoint.dir` when the config sets it): an Orbax
-      CheckpointManager folder whose item `state` holds the model's nnx.State (FP32
-      parameters); the latest step is read.
+      CheckpointManager folder whose item `state` holds the FP32 parameters, as the
+      trainer's train-state dict or as the model's nnx.State (`restore_model_state`);
+      the latest step is read.
     The context length is the architecture's `max_seq_len`.
     """
     if not os.path.isdir(run_dir):
