@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any
 
@@ -111,6 +112,11 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
 
     if not os.path.isdir(checkpoint_dir):
         raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
+    # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
+    # skipping them is the point here, so its warnings are held back while reading.
+    absl_logger = logging.getLogger("absl")
+    previous_level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
     # A PyTree handler reads the item whether it was written with StandardSave or
     # PyTreeSave, and knows its saved structure before anything is restored.
     manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
@@ -146,6 +152,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
             model = nnx.merge(graphdef, restored)
     finally:
         manager.close()
+        absl_logger.setLevel(previous_level)
     return model, step
 
 
