@@ -40,8 +40,10 @@ def test_encode_pair_follows_the_harness():
     full = [256] + list(b"abcdefghijXYZ")
     assert request.input_ids == tuple(full[-9:-1])  # context cut from the left
     assert request.continuation_ids == tuple(b"XYZ")
-    with pytest.raises(ValueError, match="exceeds the model's maximum length 8"):
-        bytes_enc("a", "123456789")
+    # Longer than the model (the harness asserts): scored on its last max_length tokens.
+    request = bytes_enc("a", "123456789")
+    assert request.continuation_ids == tuple(b"23456789") and request.input_ids == tuple(b"12345678")
+    assert bytes_enc.truncated_continuations == 1
 
 
 def test_scores_equal_the_known_loglikelihoods():

@@ -10,6 +10,7 @@ positions come after every position that is read.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Sequence
 
 import jax
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 from lp_jax.evaluation.tokenization import PairEncoder, Tokenizer, TokenizedRequest
 
 MIN_BUCKET = 16
+log = logging.getLogger(__name__)
 
 
 def bucket_length(length: int, max_length: int) -> int:
@@ -94,7 +96,13 @@ class LoglikelihoodScorer:
         self._step = make_scoring_step(logits_fn)
 
     def tokenize(self, pairs: Sequence[tuple[str, str]]) -> list[TokenizedRequest]:
-        return [self.encoder(context, continuation) for context, continuation in pairs]
+        before = self.encoder.truncated_continuations
+        requests = [self.encoder(context, continuation) for context, continuation in pairs]
+        cut = self.encoder.truncated_continuations - before
+        if cut:
+            log.warning(f"{cut} continuation(s) longer than the model's {self.max_length} "
+                        "tokens were scored on their last tokens only")
+        return requests
 
     def score(self, pairs: Sequence[tuple[str, str]], desc: str = "scoring") -> list[float]:
         """Log-likelihood sum of each continuation given its context, in input order."""

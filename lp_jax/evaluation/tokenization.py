@@ -10,7 +10,9 @@ Harness rules reproduced here (its `_encode_pair` and `_loglikelihood_tokens`):
   `<|begin_of_text|>`, GPT-2 adds nothing);
 - the model input is `(context + continuation)[-(max_length + 1):][:-1]`: the context is
   cut from the left when the pair does not fit, and the continuation's tokens are the
-  targets of the input's last `len(continuation)` positions.
+  targets of the input's last `len(continuation)` positions;
+- one departure: a continuation longer than max_length, where the harness stops with an
+  assertion, is scored on its last max_length tokens and counted.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class PairEncoder:
         self.tokenizer = tokenizer
         self.max_length = max_length
         self._cache: dict[str, list[int]] = {}
+        self.truncated_continuations = 0  # continuations longer than max_length (see below)
 
     def _encode(self, text: str) -> list[int]:
         bos = self.tokenizer.bos_id
@@ -78,8 +81,12 @@ class PairEncoder:
             raise ValueError(
                 f"empty tokenization for context {context[-40:]!r} / continuation "
                 f"{continuation[:40]!r}: nothing to score")
-        if len(continuation_ids) > self.max_length:
-            raise ValueError(f"a continuation of {len(continuation_ids)} tokens exceeds the "
-                             f"model's maximum length {self.max_length}")
         full = (context_ids + continuation_ids)[-(self.max_length + 1):]
+        if len(continuation_ids) > self.max_length:
+            # The harness stops here (an assertion). A small-context model (the tiny byte
+            # model: 256 tokens) meets a few HellaSwag endings this long; rather than give up
+            # on the task, such a continuation is scored on its last max_length tokens, each
+            # predicted from the tokens really before it, and counted.
+            continuation_ids = continuation_ids[-self.max_length:]
+            self.truncated_continuations += 1
         return TokenizedRequest(tuple(full[:-1]), tuple(continuation_ids))
