@@ -69,6 +69,111 @@ def mul_exp2(x, k):
     return x * exp2_int(half) * exp2_int(k - half)
 
 
+# ---------------------------------------------------------------- subnormal-exact helpers
+# Scale factors such as 1/FLT_MAX are float32 subnormals. XLA on CPU flushes subnormal
+# operands and results to zero, which would zero a whole tensor's dequantized values (or
+# push NVFP4 encodings to +-6). These helpers build such values from integer bits, with
+# IEEE round-to-nearest-even, and multiply by them through integer mantissas, so every
+# result that is itself a normal float32 comes out as IEEE arithmetic would give it.
+
+_TWO_M64 = np.float32(2.0**-64)
+_TWO_126 = np.float32(2.0**126)
+_MIN_NORMAL = np.float32(2.0**-126)
+
+
+def _f32_from_bits(bits):
+    return lax.bitcast_convert_type(bits.astype(jnp.uint32), jnp.float32)
+
+
+def _rne_shift_right(m, shift):
+    """uint32 m >> shift (shift in [0, 31]), rounded to nearest, ties to even."""
+    shift = jnp.clip(shift, 0, 31).astype(jnp.uint32)
+    q = m >> shift
+    rem = m - (q << shift)
+    half = jnp.where(shift > 0, jnp.uint32(1) << jnp.maximum(shift, 1) - 1, 0)
+    up = (shift > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    return q + up.astype(jnp.uint32)
+
+
+def f32_from_scaled_int(p, e):
+    """float32 (as IEEE would round it; subnormals kept as bit patterns) of p * 2^e.
+
+    p: uint32 in [0, 2^31); e: int32. The value must not overflow float32.
+    """
+    p = p.astype(jnp.uint32)
+    e = e.astype(jnp.int32)
+    nbits = 32 - lax.clz(p).astype(jnp.int32)
+    exp = nbits - 1 + e  # unbiased exponent of the value
+    # normal: a 24-bit significand (rounding may carry to 2^24: one more exponent)
+    shift = nbits - 24
+    sig = jnp.where(shift >= 0, _rne_shift_right(p, shift), p << jnp.clip(-shift, 0, 31).astype(jnp.uint32))
+    carry = sig >> 24
+    sig, exp = jnp.where(carry > 0, sig >> 1, sig), exp + carry.astype(jnp.int32)
+    normal = ((exp + 127).astype(jnp.uint32) << 23) | (sig & 0x7FFFFF)
+    # subnormal: an integer count of 2^-149 (0x800000 is the smallest normal, as it should)
+    sub_shift = -149 - e
+    sub = jnp.where(sub_shift >= 0, _rne_shift_right(p, jnp.minimum(sub_shift, 31)),
+                    p << jnp.clip(-sub_shift, 0, 31).astype(jnp.uint32))
+    sub = jnp.where(sub_shift > 31, 0, sub)
+    bits = jnp.where(exp >= -126, normal, sub)
+    return _f32_from_bits(jnp.where(p == 0, 0, bits))
+
+
+def _significand(x):
+    """(integer significand, exponent) with x = sig * 2^exp, for finite float32 x >= 0."""
+    bits = f32_bits(x)
+    biased = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    frac = bits & 0x7FFFFF
+    sig = jnp.where(biased > 0, frac | 0x800000, frac)
+    return sig, jnp.where(biased > 0, biased - 150, -149)
+
+
+def recip(s):
+    """1/s for positive, normal, finite float32 s, rounded as IEEE even where subnormal.
+
+    Above 2^126 the reciprocal is subnormal: it is computed as 2^64/s (normal), then moved
+    down 64 binades on the integer bits. (This rounds twice; the two roundings can only
+    disagree when 2^64/s lies within an ulp of a tie on the coarser subnormal grid.)
+    """
+    s = s.astype(jnp.float32)
+    big = s > _TWO_126
+    scaled = jnp.float32(1) / jnp.where(big, s * _TWO_M64, s)
+    sig, exp = _significand(scaled)
+    return jnp.where(big, f32_from_scaled_int(sig, exp - 64), scaled)
+
+
+def mul(x, s):
+    """x * s with s a float32 scale that may be a subnormal bit pattern.
+
+    For subnormal s = m * 2^-149: (x * m) rounds once, then two exact power-of-two steps,
+    so a normal result is the IEEE product. A subnormal result may still be flushed.
+    """
+    bits = f32_bits(s)
+    subnormal = ((bits >> 23) & 0xFF) == 0
+    m = (bits & 0x7FFFFF).astype(jnp.float32)
+    via_int = x * m * np.float32(2.0**-75) * np.float32(2.0**-74)
+    return jnp.where(subnormal, via_int, x * s)
+
+
+def nvfp4_encode_factor(s_b, s_dec):
+    """enc_b = min(1 / (s_b * S_dec), FLT_MAX), exact even where the product is subnormal.
+
+    s_b: float32 values of E4M3 block scales (4 significant bits); s_dec: float32, maybe a
+    subnormal bit pattern. A subnormal product is formed on integers (4 x 24 bits) and
+    rounded to the 2^-149 grid; its reciprocal is taken 64 binades up and scaled back.
+    """
+    s_b = s_b.astype(jnp.float32)
+    sig_b, exp_b = _significand(s_b)
+    sig_d, exp_d = _significand(s_dec)
+    p = f32_from_scaled_int((sig_b >> 20) * sig_d, exp_b + 20 + exp_d)
+    sig_p, _ = _significand(p)
+    small = p < _MIN_NORMAL  # subnormal product (or zero)
+    up = sig_p.astype(jnp.float32) * np.float32(2.0**-85)  # p * 2^64, normal
+    enc_small = (jnp.float32(1) / up) * np.float32(2.0**32) * np.float32(2.0**32)  # inf if > max
+    enc = jnp.where(small, enc_small, jnp.float32(1) / p)
+    return jnp.minimum(enc, jnp.float32(FLT_MAX))
+
+
 def e8m0_from_code(code):
     return lax.bitcast_convert_type(code.astype(jnp.uint8), E8M0)
 

@@ -14,11 +14,15 @@ hardware block-scaled GEMM does.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 from jax import lax
 
+from lp_jax import formats as F
+
 from lp_jax.hadamard import RHT_SIZE, hadamard
-from lp_jax.quantize import MX_BLOCK, NVFP4_BLOCK, QuantizedTensor, quantize
+from lp_jax.quantize import QuantizedTensor, block_values, quantize
 from lp_jax.recipes import OperandSpec
 
 PER_TENSOR = ("fp8_e4m3", "fp8_e5m2")
@@ -55,18 +59,6 @@ def pad_to(t, axis, multiple):
     return jnp.pad(t, widths)
 
 
-def _element_scale(q: QuantizedTensor):
-    """Block scales as float32, broadcast back to element resolution of q.data."""
-    s = q.scale.astype(jnp.float32)
-    if q.block_2d:
-        r, c = q.data.shape[-2:]
-        s = jnp.repeat(jnp.repeat(s, NVFP4_BLOCK, axis=-2), NVFP4_BLOCK, axis=-1)
-        return s[..., :r, :c]
-    block = MX_BLOCK if q.fmt == "mxfp8" else NVFP4_BLOCK
-    s = jnp.repeat(s, block, axis=q.axis)
-    return lax.slice_in_dim(s, 0, q.data.shape[q.axis], axis=q.axis)
-
-
 def gemm_inputs(p, compute_dtype, native_fp8=False):
     """(values, factor) for a GEMM: values of p times factor are its dequantized values.
 
@@ -82,7 +74,7 @@ def gemm_inputs(p, compute_dtype, native_fp8=False):
     if p.fmt in PER_TENSOR:
         values = data if native_fp8 else data.astype(compute_dtype)
         return values, p.scale
-    values = (data.astype(jnp.float32) * _element_scale(p)).astype(compute_dtype)
+    values = block_values(dataclasses.replace(p, data=data)).astype(compute_dtype)
     return values, p.global_scale
 
 
@@ -103,5 +95,5 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype, native_fp8=False):
     out = lax.dot_general(av, bv, (contracting, ((), ())), preferred_element_type=jnp.float32)
     for factor in (fa, fb):
         if factor is not None:
-            out = out * factor
+            out = F.mul(out, factor)  # the factor may be a float32 subnormal (formats.recip)
     return out.astype(out_dtype)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax import formats as F
+from lp_jax.sharded_reshape import merge_axes, split_axis
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 ROUNDINGS = ("nearest", "stochastic")
@@ -83,7 +84,7 @@ def quantize_per_tensor(x, dtype, amax=None):
     x = x.astype(jnp.float32)
     amax = abs_max(x) if amax is None else amax
     scale = tensor_scale_fp8(amax, F.max_of(dtype))
-    return F.cast_satfinite(x * scale, dtype), jnp.float32(1) / scale
+    return F.cast_satfinite(x * scale, dtype), F.recip(scale)
 
 
 def mxfp8_blocks(xb, scale_rule="rceil"):
@@ -103,8 +104,7 @@ def nvfp4_block_scales(amax_b, s_enc):
 
 def nvfp4_encode(x, s_b_f32, s_enc, rounding="nearest", key=None):
     """E2M1 values of x given its (broadcastable) block scales as float32."""
-    s_dec = jnp.float32(1) / s_enc
-    enc = jnp.minimum(jnp.float32(1) / (s_b_f32 * s_dec), jnp.float32(F.FLT_MAX))
+    enc = F.nvfp4_encode_factor(s_b_f32, F.recip(s_enc))
     v = jnp.clip(x * enc, -F.E2M1_MAX, F.E2M1_MAX)
     if rounding == "stochastic":
         return F.e2m1_stochastic(v, key)
@@ -135,11 +135,11 @@ def to_blocks(x, axis, block):
     pad = -n % block
     if pad:
         x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
-    return x.reshape(x.shape[:-1] + ((n + pad) // block, block))
+    return split_axis(x, -1, ((n + pad) // block, block))
 
 
 def from_blocks(xb, axis, n):
-    x = xb.reshape(xb.shape[:-2] + (-1,))[..., :n]
+    x = merge_axes(xb, -2, 2)[..., :n]
     return jnp.moveaxis(x, -1, axis)
 
 
@@ -149,12 +149,12 @@ def to_tiles(x, tile=NVFP4_BLOCK):
     pr, pc = -r % tile, -c % tile
     if pr or pc:
         x = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pr), (0, pc)])
-    return x.reshape(x.shape[:-2] + ((r + pr) // tile, tile, (c + pc) // tile, tile))
+    x = split_axis(x, -1, ((c + pc) // tile, tile))
+    return split_axis(x, -3, ((r + pr) // tile, tile))
 
 
 def from_tiles(xt, r, c):
-    s = xt.shape
-    return xt.reshape(s[:-4] + (s[-4] * s[-3], s[-2] * s[-1]))[..., :r, :c]
+    return merge_axes(merge_axes(xt, -2, 2), -3, 2)[..., :r, :c]
 
 
 # --------------------------------------------------------------------------- public API
@@ -207,7 +207,7 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
         data = from_blocks(data_b, axis, x.shape[axis])
         return QuantizedTensor(data, jnp.moveaxis(F.e8m0_from_code(code), -1, axis), None, fmt, axis)
     s_enc = nvfp4_tensor_scale(abs_max(xf))
-    s_dec = jnp.float32(1) / s_enc
+    s_dec = F.recip(s_enc)  # may be a float32 subnormal: kept as bits, applied by F.mul
     if block_2d:
         r, c = x.shape[-2:]
         data_t, s_b = nvfp4_tiles(to_tiles(xf), s_enc, rounding, key)
@@ -222,18 +222,29 @@ def _expand(scale, axis, block, n):
     return lax.slice_in_dim(jnp.repeat(scale, block, axis=axis), 0, n, axis=axis)
 
 
-def dequantize(q: QuantizedTensor):
-    """float32 values of ``q``, the shape of the original tensor."""
+def block_values(q: QuantizedTensor):
+    """Block-format values without the tensor scale, float32: q * 2^(e-127) for MXFP8
+    (exact; applied as two normal powers of two, since 2^-127 alone is subnormal),
+    q * s_b for NVFP4 (exact in bf16)."""
     data = q.data.astype(jnp.float32)
-    scale = q.scale.astype(jnp.float32)
-    if q.fmt in ("fp8_e4m3", "fp8_e5m2"):
-        return data * scale
     if q.fmt == "mxfp8":
-        return data * _expand(scale, q.axis, MX_BLOCK, data.shape[q.axis])
+        code = lax.bitcast_convert_type(q.scale, jnp.uint8).astype(jnp.int32)
+        code = _expand(code, q.axis, MX_BLOCK, data.shape[q.axis])
+        values = F.mul_exp2(data, code - 127)
+        return jnp.where(code == 255, jnp.float32(jnp.nan), values)
+    scale = q.scale.astype(jnp.float32)
     if q.block_2d:
         r, c = data.shape[-2:]
         scale = _expand(_expand(scale, scale.ndim - 2, NVFP4_BLOCK, r), scale.ndim - 1, NVFP4_BLOCK, c)
     else:
         scale = _expand(scale, q.axis, NVFP4_BLOCK, data.shape[q.axis])
-    # q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
-    return data * scale * q.global_scale
+    return data * scale
+
+
+def dequantize(q: QuantizedTensor):
+    """float32 values of ``q``, the shape of the original tensor."""
+    if q.fmt in ("fp8_e4m3", "fp8_e5m2"):
+        return F.mul(q.data.astype(jnp.float32), q.scale)
+    values = block_values(q)
+    # NVFP4: q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
+    return values if q.fmt == "mxfp8" else F.mul(values, q.global_scale)

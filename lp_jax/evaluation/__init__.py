@@ -1,0 +1,18 @@
+"""Downstream evaluation: log-likelihood multiple choice as lm-evaluation-harness scores it.
+
+    from lp_jax.evaluation import LoglikelihoodScorer, evaluate, load_from_hf_dir
+    loaded = load_from_hf_dir("path/to/hf")            # BF16 by default
+    scorer = LoglikelihoodScorer(loaded.model, loaded.tokenizer, max_length=loaded.max_length)
+    results = evaluate(scorer, ["hellaswag", "mmlu"], shots=0, limit=100)
+
+docs/evaluation.md describes the tasks, prompt formats and metrics.
+"""
+
+from lp_jax.evaluation.documents import Doc
+from lp_jax.evaluation.loading import LoadedModel, load_from_hf_dir, load_from_run_dir
+from lp_jax.evaluation.runner import evaluate, evaluate_task
+from lp_jax.evaluation.scorer import LoglikelihoodScorer
+from lp_jax.evaluation.tasks import TASKS, load_task
+
+__all__ = ["Doc", "LoadedModel", "LoglikelihoodScorer", "TASKS", "evaluate", "evaluate_task",
+           "load_from_hf_dir", "load_from_run_dir", "load_task"]

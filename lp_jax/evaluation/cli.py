@@ -1,0 +1,136 @@
+"""Command line of `eval.py`: downstream multiple-choice evaluation of a run or an HF folder.
+
+    python eval.py --checkpoint RUN_DIR | --hf HF_DIR --tasks hellaswag,arc_challenge,winogrande,mmlu
+                   [--limit N] [--shots K] [--output results.json] [--log-samples FILE]
+                   [--dtype bfloat16|float32] [--batch-size B] [--max-length L]
+
+Bad input (unknown task, missing data package, bad path) prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from lp_jax.evaluation.data_package import DataPackageError, package_dir
+from lp_jax.evaluation.tasks import TASKS, parse_task_names
+
+DTYPES = ("bfloat16", "float32")
+MMLU_DEV_EXAMPLES = 5  # few-shot examples per subject in MMLU's dev split
+
+
+class UsageError(Exception):
+    pass
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the whole usage first; one line is enough
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog="eval.py", description="lm-evaluation-harness-style log-likelihood evaluation "
+        f"on the offline benchmark sets. Tasks: {', '.join(TASKS)}.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="RUN_DIR", help="a training run folder")
+    source.add_argument("--hf", metavar="HF_DIR", help="a Hugging Face Llama folder "
+                        "(config.json, model.safetensors, tokenizer.json)")
+    p.add_argument("--tasks", default="hellaswag,arc_challenge,winogrande,mmlu",
+                   help="comma-separated task names (default: %(default)s)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="score only the first N documents of each split (MMLU: of each subject)")
+    p.add_argument("--shots", type=int, default=0, help="few-shot examples (default 0)")
+    p.add_argument("--output", default=None, help="results JSON (default: "
+                   "RUN_DIR/eval_results.json, or ./eval_results.json with --hf)")
+    p.add_argument("--log-samples", metavar="FILE", default=None,
+                   help="write one JSON line per document: task, doc, loglikelihoods, gold")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="compute dtype of the evaluated model (default bfloat16, whatever "
+                   "precision it was trained in)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="override the model's context length (longer prompts lose their start)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return p
+
+
+def _validate(args) -> list[str]:
+    tasks = parse_task_names(args.tasks)
+    for flag, value, least in (("--limit", args.limit, 1), ("--shots", args.shots, 0),
+                               ("--batch-size", args.batch_size, 1),
+                               ("--max-length", args.max_length, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be >= {least}, got {value}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"--dtype {args.dtype}: choose from {', '.join(DTYPES)}")
+    if "mmlu" in tasks and args.shots > MMLU_DEV_EXAMPLES:
+        raise UsageError(f"--shots {args.shots}: MMLU has {MMLU_DEV_EXAMPLES} dev examples "
+                         "per subject to draw from")
+    path = args.checkpoint or args.hf
+    if not os.path.isdir(path):
+        raise UsageError(f"{'--checkpoint' if args.checkpoint else '--hf'} {path}: no such folder")
+    for flag, file in (("--output", args.output), ("--log-samples", args.log_samples)):
+        if file and not os.path.isdir(os.path.dirname(os.path.abspath(file))):
+            raise UsageError(f"{flag} {file}: its folder does not exist")
+    package_dir()  # fails early, before any model is loaded, if the data is absent
+    return tasks
+
+
+def _load(args):
+    import jax.numpy as jnp
+
+    from lp_jax.evaluation.loading import load_from_hf_dir, load_from_run_dir
+
+    dtype = jnp.dtype(args.dtype)
+    try:
+        if args.hf:
+            return load_from_hf_dir(args.hf, dtype=dtype)
+        return load_from_run_dir(args.checkpoint, dtype=dtype)
+    except ImportError as e:  # the model package of this checkout lacks a piece
+        raise UsageError(f"cannot load the model: {e}") from None
+
+
+def run(args, tasks: list[str], loaded) -> dict:
+    from lp_jax.evaluation.runner import evaluate, format_table
+    from lp_jax.evaluation.scorer import LoglikelihoodScorer
+
+    max_length = args.max_length or loaded.max_length
+    scorer = LoglikelihoodScorer(loaded.model, loaded.tokenizer, max_length=max_length,
+                                 batch_size=args.batch_size, progress=not args.no_progress)
+    start = time.time()
+    samples = open(args.log_samples, "w") if args.log_samples else None
+    try:
+        results = evaluate(scorer, tasks, shots=args.shots, limit=args.limit, samples=samples)
+    finally:
+        if samples is not None:
+            samples.close()
+    report = {
+        "config": {"model": loaded.source, "tasks": tasks, "shots": args.shots,
+                   "limit": args.limit, "dtype": args.dtype, "batch_size": args.batch_size,
+                   "max_length": max_length, "seconds": round(time.time() - start, 1)},
+        "results": results,
+    }
+    output = args.output or (os.path.join(args.checkpoint, "eval_results.json")
+                             if args.checkpoint else "eval_results.json")
+    with open(output, "w") as f:
+        json.dump(report, f, indent=2)
+    print(format_table(results))
+    print(f"results written to {output}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        tasks = _validate(args)
+        loaded = _load(args)
+    # Input errors only: a failure while scoring is a bug and keeps its traceback.
+    except (UsageError, DataPackageError, ValueError, OSError) as e:
+        print(f"eval.py: error: {e}", file=sys.stderr)
+        return 2
+    run(args, tasks, loaded)
+    return 0

@@ -1,0 +1,92 @@
+"""Turns (context, continuation) strings into model inputs as lm-evaluation-harness does.
+
+Harness rules reproduced here (its `_encode_pair` and `_loglikelihood_tokens`):
+- trailing whitespace of the context moves to the front of the continuation, so that a
+  word-initial space is tokenized with its word;
+- the continuation's tokens are those of `encode(context + continuation)` after the first
+  `len(encode(context))` tokens (so merges across the boundary are respected);
+- both encodings start with the tokenizer's BOS where it has one (a Hugging Face tokenizer
+  encodes with `add_special_tokens=True` in the harness: Llama 3 prepends
+  `<|begin_of_text|>`, GPT-2 adds nothing);
+- the model input is `(context + continuation)[-(max_length + 1):][:-1]`: the context is
+  cut from the left when the pair does not fit, and the continuation's tokens are the
+  targets of the input's last `len(continuation)` positions;
+- one departure: a continuation longer than max_length, where the harness stops with an
+  assertion, is scored on its last max_length tokens and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    """What evaluation needs of a tokenizer (the training tokenizers satisfy it)."""
+
+    bos_id: int | None
+
+    def encode(self, text: str) -> list[int]:  # without any special token
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedRequest:
+    input_ids: tuple[int, ...]  # what the model reads
+    continuation_ids: tuple[int, ...]  # targets of the last len(continuation_ids) positions
+
+
+class PairEncoder:
+    """Encodes (context, continuation) pairs; caches context encodings (shared by choices)."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int):
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self._cache: dict[str, list[int]] = {}
+        self.truncated_continuations = 0  # continuations longer than max_length (see below)
+
+    def _encode(self, text: str) -> list[int]:
+        bos = self.tokenizer.bos_id
+        return ([bos] if bos is not None else []) + list(self.tokenizer.encode(text))
+
+    def _encode_context(self, context: str) -> list[int]:
+        # A document's choices share its context: encode it once. The cache holds only
+        # the latest contexts, enough for consecutive choices of the same document.
+        ids = self._cache.get(context)
+        if ids is None:
+            if len(self._cache) >= 64:
+                self._cache.clear()
+            ids = self._cache[context] = self._encode(context)
+        return ids
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        if context == "":
+            # The harness conditions an empty context on a prefix token (BOS).
+            if self.tokenizer.bos_id is None:
+                raise ValueError("an empty context needs a tokenizer with a BOS token")
+            return [self.tokenizer.bos_id], list(self.tokenizer.encode(continuation))
+        stripped = context.rstrip()
+        if len(stripped) < len(context):
+            continuation = context[len(stripped):] + continuation
+            context = stripped
+        context_ids = self._encode_context(context)
+        whole_ids = self._encode(context + continuation)
+        return context_ids, whole_ids[len(context_ids):]
+
+    def __call__(self, context: str, continuation: str) -> TokenizedRequest:
+        context_ids, continuation_ids = self.encode_pair(context, continuation)
+        if not context_ids or not continuation_ids:
+            raise ValueError(
+                f"empty tokenization for context {context[-40:]!r} / continuation "
+                f"{continuation[:40]!r}: nothing to score")
+        full = (context_ids + continuation_ids)[-(self.max_length + 1):]
+        if len(continuation_ids) > self.max_length:
+            # The harness stops here (an assertion). A small-context model (the tiny byte
+            # model: 256 tokens) meets a few HellaSwag endings this long; rather than give up
+            # on the task, such a continuation is scored on its last max_length tokens, each
+            # predicted from the tokens really before it, and counted.
+            continuation_ids = continuation_ids[-self.max_length:]
+            self.truncated_continuations += 1
+        return TokenizedRequest(tuple(full[:-1]), tuple(continuation_ids))
