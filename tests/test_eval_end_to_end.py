@@ -8,8 +8,6 @@ the logged log-likelihoods are recomputed by hand the way lm-evaluation-harness 
 
 import importlib.util
 import json
-import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -101,23 +99,7 @@ def test_eval_hf_missing_tokenizer_is_an_input_error(hf_dir, tmp_path, capsys):
     assert "tokenizer.json does not exist" in capsys.readouterr().err
 
 
-def _training_tokenizers(monkeypatch):
-    """The trainer's tokenizers module, or a byte-level stand-in until it is merged."""
-    try:
-        import lp_jax.training.tokenizers  # noqa: F401
-    except ImportError:
-        class Bytes:
-            bos_id = 256
-
-            def encode(self, text):
-                return list(text.encode("utf-8"))
-        fake = types.ModuleType("lp_jax.training.tokenizers")
-        fake.get_tokenizer = lambda name: Bytes()
-        monkeypatch.setitem(sys.modules, "lp_jax.training.tokenizers", fake)
-
-
-def test_eval_checkpoint_end_to_end(tmp_path, monkeypatch):
-    _training_tokenizers(monkeypatch)
+def test_eval_checkpoint_end_to_end(tmp_path):
     overrides = dict(num_layers=2, scan_layers=True, max_seq_len=128)
     trained = Llama(preset("tiny", **overrides), rngs=nnx.Rngs(3))
     manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"))

@@ -1,7 +1,5 @@
 """Loading what evaluation scores: tokenizer.json adapter, run folders (Orbax)."""
 
-import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -66,12 +64,6 @@ def test_run_dir_restores_the_latest_model_state(tmp_path, monkeypatch, layout):
         seen.update(section=section, dtype=dtype)
         return nnx.eval_shape(lambda: Toy(nnx.Rngs(0))), 128
     monkeypatch.setattr(loading, "build_model_from_run_config", build)
-    try:
-        import lp_jax.training.tokenizers  # noqa: F401  (the trainer's, once merged)
-    except ImportError:
-        fake = types.ModuleType("lp_jax.training.tokenizers")
-        fake.get_tokenizer = lambda name: types.SimpleNamespace(name=name, bos_id=256)
-        monkeypatch.setitem(sys.modules, "lp_jax.training.tokenizers", fake)
     loaded = loading.load_from_run_dir(str(tmp_path))
     assert seen["section"]["preset"] == "tiny" and seen["dtype"] == jnp.bfloat16
     assert loaded.max_length == 128 and loaded.source.endswith("@5")

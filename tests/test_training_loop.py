@@ -4,7 +4,6 @@ import math
 import os
 import sysconfig
 
-import jax
 import numpy as np
 import pytest
 

@@ -1,7 +1,6 @@
 """A toy language model with the Llama call signature, for tests of the step and the
 checkpoints that must not wait for (or depend on) models.llama."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import pathlib
 import signal
 import threading
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from lp_jax.training import data as data_lib
