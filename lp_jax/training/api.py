@@ -106,7 +106,9 @@ def load(path: str, *items: str) -> TrainConfig:
 def pretrain(config: TrainConfig):
     """Validates and runs ``config`` (resuming from its run folder's latest checkpoint, if
     any) and returns the RunResult. Config problems raise ConfigError before compiling."""
+    from lp_jax.training.distributed import maybe_initialize
     from lp_jax.training.loop import run
     from lp_jax.training.validate import resolve
 
+    maybe_initialize(config.distributed)
     return run(resolve(config))

@@ -35,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(_find_config(args.config), args.overrides)
+        from lp_jax.training.distributed import maybe_initialize
         from lp_jax.training.validate import resolve
+
+        maybe_initialize(config.distributed)  # before JAX counts the devices
 
         plan = resolve(config)
     except ConfigError as e:
