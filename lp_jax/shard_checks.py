@@ -79,8 +79,8 @@ def straddles(splits: LinearSplits, recipe: Recipe) -> list[str]:
                 continue
             local, rem = divmod(split.size, split.shards)
             if rem or local % block:
-                what = f"{spec.fmt.upper()} {block}-element blocks" if spec.fmt in BLOCK_SIZES else \
-                    f"{block}-element blocks"
+                what = f"{spec.fmt.upper()} " if spec.fmt in BLOCK_SIZES else ""
+                what += f"{block}x{block} tiles" if spec.block_2d else f"{block}-element blocks"
                 if spec.rht:
                     what += " (and 16-point Hadamard transform)"
                 problems.append(
