@@ -146,7 +146,7 @@ def run(plan: Plan) -> RunResult:
     end = cfg.stop_at or cfg.steps
     if start >= end:
         say(f"nothing to train: the checkpoint is at step {start}, the run ends at {end}")
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # this process's (for memory stats and the platform)
     tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
     flops_per_step = metrics_lib.flops_per_token(plan.model_config, cfg.data.seq_len) * tokens_per_step
     writer = (metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard) if primary
