@@ -45,7 +45,7 @@ from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
-from lp_jax.training.step import StepSpec, _jitted_train_step, _shardings_key  # noqa: E402
+from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
 from models import llama  # noqa: E402
 
 MESHES = ((8, 1, 1), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1), (1, 8, 8), (8, 1, 8))
@@ -83,7 +83,7 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
              for k, dt in (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
                            ("positions", jnp.int32), ("loss_mask", jnp.bool_))}
     spec = StepSpec(OPTIMIZER, accum, mesh)
-    step = _jitted_train_step(*_shardings_key(spec, state))
+    step = jitted_train_step(spec, state)
     t0 = time.perf_counter()
     compiled = step.lower(graphdef, spec, state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
     seconds = time.perf_counter() - t0

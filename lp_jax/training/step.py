@@ -91,9 +91,16 @@ def _jitted_eval_step(spec: StepSpec, treedef, shapes):
                    out_shardings=replicated)
 
 
+def jitted_train_step(spec: StepSpec, state):
+    """The jax.jit of the train step for this spec and state structure (state may be
+    ShapeDtypeStructs: ``.lower(graphdef, spec, state, batch, poison)`` compiles it
+    abstractly, as bench/bench_sharding.py does)."""
+    return _jitted_train_step(*_shardings_key(spec, state))
+
+
 def train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison):
     """One optimizer step (see _train_step); the state is donated."""
-    return _jitted_train_step(*_shardings_key(spec, state))(graphdef, spec, state, batch, poison)
+    return jitted_train_step(spec, state)(graphdef, spec, state, batch, poison)
 
 
 def eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
