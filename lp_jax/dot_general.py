@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from lp_jax import context
 from lp_jax.backends import resolve_backend
 from lp_jax.operands import prepare, scaled_dot, shares_bytes
+from lp_jax.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
 
 _SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded dy copies
@@ -100,6 +101,13 @@ class LowPrecisionDotGeneral:
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
+        # out_sharding: a sharding constraint on an Auto mesh; on an Explicit mesh the GEMM
+        # runs with those axes Auto and the result is typed out_sharding (lp_jax/out_sharding.py).
+        return with_out_sharding(
+            lambda l, r: self._gemm(l, r, dimension_numbers, preferred_element_type),
+            lhs, rhs, dimension_numbers, out_sharding)
+
+    def _gemm(self, lhs, rhs, dimension_numbers, preferred_element_type):
         (lc, rc), (lb, rb) = dimension_numbers
         if lb or rb:
             raise ValueError("lp_jax.dot_general supports Linear-style contractions only: "
@@ -119,10 +127,7 @@ class LowPrecisionDotGeneral:
         key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
         out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
         cfg = _GemmConfig(self.recipe, native, jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
-        y = _linear(cfg, x2, w2, key_data).reshape(out_shape)
-        if out_sharding is not None:
-            y = jax.sharding.reshard(y, out_sharding)
-        return y
+        return _linear(cfg, x2, w2, key_data).reshape(out_shape)
 
 
 def dot_general(recipe: Recipe | str, **overrides) -> LowPrecisionDotGeneral:

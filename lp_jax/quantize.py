@@ -14,6 +14,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from lp_jax import formats as F
@@ -25,7 +26,9 @@ SCALE_RULES = ("rceil", "floor")
 MX_BLOCK = 32
 NVFP4_BLOCK = 16
 NVFP4_TENSOR_SCALE_NUM = F.E2M1_MAX * F.E4M3_MAX  # 2688: amax_t maps to 6 x 448
-INV_E2M1_MAX = jnp.float32(1) / jnp.float32(6)
+# NumPy, not jnp: a jnp computation at import time would start the XLA backend, and
+# jax.distributed.initialize (multi-host runs) must come before that.
+INV_E2M1_MAX = np.float32(1) / np.float32(6)
 
 
 @jax.tree_util.register_dataclass

@@ -15,6 +15,10 @@ import numpy as np
 from flax import nnx
 
 from models.config import LlamaConfig, output_init_std
+from models.sharding import constrain
+
+# Logical activation axes (models/sharding.py): no-ops unless a trainer maps them to a mesh.
+BLD = ("batch", "sequence", "embed")
 
 # Additive mask value: finite, so a row with nothing to attend to (a padding query in a KV
 # cache) gives a uniform softmax instead of NaN.
@@ -124,6 +128,10 @@ class Attention(nnx.Module):
         q = self.q_proj(x_BxTxD).reshape(b, t, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         v = self.v_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        # Tensor parallelism splits whole heads: each rank attends with its own heads.
+        q = constrain(q, ("batch", "sequence", "heads", "head_dim"))
+        k = constrain(k, ("batch", "sequence", "kv_heads", "head_dim"))
+        v = constrain(v, ("batch", "sequence", "kv_heads", "head_dim"))
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), cache_index, axis=1)
@@ -133,7 +141,7 @@ class Attention(nnx.Module):
             out = attention_dpa(q, k, v, segment_ids_BxL, "cudnn")
         else:
             out = attention_core(q, k, v, mask_BxTxS)
-        out = self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim))
+        out = constrain(self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), BLD)
         return out if cache is None else (out, (k, v))
 
 
@@ -150,7 +158,8 @@ class MLP(nnx.Module):
         gate = self.gate_proj(x_BxLxD)
         up = self.up_proj(x_BxLxD)
         h_BxLxF = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(gate.dtype)
-        return self.down_proj(h_BxLxF)
+        h_BxLxF = constrain(h_BxLxF, ("batch", "sequence", "mlp"))
+        return constrain(self.down_proj(h_BxLxF), BLD)
 
 
 class Block(nnx.Module):

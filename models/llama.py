@@ -27,7 +27,8 @@ from lp_jax.context import layer_scope
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
     ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
     config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
-from models.layers import Block, RMSNorm, rope_tables
+from models.layers import BLD, Block, RMSNorm, rope_tables
+from models.sharding import constrain
 
 __all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeScaling",
            "LlamaConfig", "causal_document_mask", "config_from_dict", "config_to_dict",
@@ -85,14 +86,28 @@ class Llama(nnx.Module):
         rope = rope_tables(positions, self.config)
         # The cuDNN kernel builds its own causal mask; do not materialize ours for it.
         mask = None if self.config.attention_impl == "cudnn" else causal_document_mask(segment_ids, b, length)
-        x = self.embed(tokens_BxL)
+        x = constrain(self._embed(tokens_BxL), BLD)
         x = self._run_layers(x, rope, mask, segment_ids)
-        return self._logits(x)
+        return constrain(self._logits(x), ("batch", "sequence", "vocab"))
+
+    def _embed(self, tokens):
+        """The embedding rows in cfg.dtype. Looked up in the parameter dtype and then cast
+        (the same values as nnx.Embed's cast-then-take), so the backward scatter-adds the
+        rows' gradients in FP32: a BF16 scatter-add rounds at every repeated token, and
+        under data parallelism its cross-device sum would be a BF16 sum too."""
+        table = self.embed.embedding[...]
+        return jnp.take(table, tokens, axis=0).astype(self.config.dtype)
 
     def _logits(self, x_BxLxD):
         x = self.final_norm(x_BxLxD)
         if self.config.tie_embeddings:
-            return self.embed.attend(x)
+            # nnx.Embed.attend with FP32 accumulation made explicit: the same BF16 logits,
+            # and a sharded contraction (the tied weight's gradient over a data-parallel
+            # batch) sums its partial results in FP32 before rounding.
+            table = self.embed.embedding[...].astype(self.config.dtype)
+            logits = jnp.einsum("bld,vd->blv", x.astype(self.config.dtype), table,
+                                preferred_element_type=jnp.float32)
+            return logits.astype(self.config.dtype)
         return self.lm_head(x)
 
     def _layer_fn(self, graphdef):
@@ -151,7 +166,7 @@ class Llama(nnx.Module):
         positions = jnp.broadcast_to(query_pos_T, (b, t))
         mask_BxTxS = jnp.broadcast_to(jnp.arange(max_len)[None, :] <= query_pos_T[:, None], (b, t, max_len))
         rope = rope_tables(positions, self.config)
-        x = self.embed(tokens_BxT)
+        x = self._embed(tokens_BxT)
         new_cache = []
         for i, layer in enumerate(self.layers):
             with layer_scope(i):

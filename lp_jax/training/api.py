@@ -85,6 +85,8 @@ def llama3_8b_low_precision_pretrain_config(
         "schedule.decay=cosine",
         f"checkpoint.every={save_interval}",
         f"logging.val_every={eval_interval}", "logging.val_batches=32",
+        # ZeRO-3 over all devices: an 8B model's FP32 state fits no single GPU (docs/scaling.md).
+        "mesh.data=1", "mesh.fsdp=-1", "mesh.tensor=1",
     ])
     if not use_mock:
         config = set_dotted(config, "data.paths", list(data_paths))
@@ -106,7 +108,9 @@ def load(path: str, *items: str) -> TrainConfig:
 def pretrain(config: TrainConfig):
     """Validates and runs ``config`` (resuming from its run folder's latest checkpoint, if
     any) and returns the RunResult. Config problems raise ConfigError before compiling."""
+    from lp_jax.training.distributed import maybe_initialize
     from lp_jax.training.loop import run
     from lp_jax.training.validate import resolve
 
+    maybe_initialize(config.distributed)
     return run(resolve(config))

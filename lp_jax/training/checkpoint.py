@@ -7,14 +7,22 @@ One checkpoint is a Composite of three items:
   precision recipe (recipes swap functions, not parameters), so a run may change recipe
   across a resume;
 - ``data``: grain's iterator state (a position), so the resumed run reads exactly the
-  batches it would have read;
+  batches it would have read (one file per process; since every process is at the same
+  batch index, a run resumed with another process count takes process 0's);
 - ``meta``: JSON with the config and the recipe in force, for people and for checks.
 
 Restores go into an abstract target (shapes, dtypes, shardings from ``nnx.eval_shape``),
-so a resumed 8B run never initializes weights it is about to overwrite.
+so a resumed 8B run never initializes weights it is about to overwrite. The target's
+shardings may come from another mesh than the one that saved: Orbax reads each device's
+slices from the saved arrays, so a run saved on (data 2, fsdp 4) resumes on (fsdp 8).
+With several processes every one calls save and restore (Orbax writes each array's
+shards from the process that holds them and coordinates the commit); the run folder must
+be on a file system they all see.
 """
 from __future__ import annotations
 
+import glob
+import json
 import os
 from typing import Any
 
@@ -75,9 +83,21 @@ class Checkpointer:
         ocp = self._ocp
         items = {"state": ocp.args.StandardRestore(abstract_state),
                  "meta": ocp.args.JsonRestore()}
+        data_dir = os.path.join(self.directory, str(step), "data")
+        own = os.path.join(data_dir, f"process_{jax.process_index()}-of-{jax.process_count()}.json")
+        other = None
         if data_iterator is not None:
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+            if os.path.exists(own):
+                items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+            else:  # saved by another number of processes: all were at the same position
+                other = sorted(glob.glob(os.path.join(data_dir, "process_0-of-*.json")))
+                if not other:
+                    raise FileNotFoundError(f"checkpoint {step} in {self.directory} has no data "
+                                            f"iterator state ({own} is missing)")
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        if other:
+            with open(other[0]) as f:
+                data_iterator.set_state(json.load(f))
         return restored["state"], restored["meta"]
 
     def wait(self) -> None:

@@ -35,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(_find_config(args.config), args.overrides)
+        from lp_jax.training.distributed import maybe_initialize
         from lp_jax.training.validate import resolve
+
+        maybe_initialize(config.distributed)  # before JAX counts the devices
 
         plan = resolve(config)
     except ConfigError as e:
@@ -44,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         print(dump_yaml(config), end="")
         print(f"# ok: {plan.model_config.num_layers} layers, vocab {plan.model_config.vocab_size}, "
-              f"{plan.accum_steps} micro-batch(es) per step, recipes "
+              f"{plan.accum_steps} micro-batch(es) per step, mesh data={plan.data_parallel} "
+              f"fsdp={plan.fsdp} tensor={plan.tensor}, recipes "
               f"{', '.join(f'{p.name} {p.recipe.policy} from step {p.from_step}' for p in plan.phases)}")
         return 0
     from lp_jax.training.loop import NonFiniteLossError, run

@@ -184,12 +184,34 @@ class LoggingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh: data parallelism, optionally with FSDP-sharded state."""
+    """Device mesh (data, fsdp, tensor); their product is the device count. docs/scaling.md."""
 
-    # Data-parallel ranks (-1: all devices left after fsdp).
+    # Data-parallel ranks: each holds the (tensor-sharded) state and a slice of the batch.
+    # -1 (in any one of the three): the devices the other two leave.
     data: int = -1
-    # Ranks that shard parameters and optimizer state (ZeRO-3 style); 1 = replicated.
+    # FSDP ranks (ZeRO-3): also take a slice of the batch, and shard parameters, gradients
+    # and Adam moments; weights are gathered per GEMM. 1 = replicated state.
     fsdp: int = 1
+    # Tensor-parallel ranks (Megatron): q/k/v/gate/up split by output features, o/down by
+    # input features, the vocabulary split; must divide the query and KV head counts.
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (hosts) in one run: jax.distributed.initialize before anything else."""
+
+    # null: initialize when a coordinator address is known (here or JAX_COORDINATOR_ADDRESS)
+    # or a launcher started several processes (SLURM, Open MPI); true: always (JAX detects
+    # what is not given); false: never (one process).
+    initialize: Optional[bool] = None
+    # host:port of process 0 (env JAX_COORDINATOR_ADDRESS).
+    coordinator_address: Optional[str] = None
+    # Processes in the run (env JAX_NUM_PROCESSES), and this one's index (env JAX_PROCESS_ID).
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    # Local devices this process drives (env JAX_LOCAL_DEVICE_IDS, comma-separated); empty: all.
+    local_device_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,4 +245,5 @@ class TrainConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     logging: LoggingConfig = LoggingConfig()
     mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
     debug: DebugConfig = DebugConfig()

@@ -15,6 +15,12 @@ a target). Each example carries, for its ``seq_len`` inputs:
 The pipeline is ``MapDataset.source -> shuffle(seed) -> repeat -> batch``: random access,
 so grain's iterator state is just a position and a resumed run reads exactly the batches
 it would have read (the state goes into every checkpoint).
+
+Several processes: global batch ``b`` is always the sequences ``b*G .. b*G+G-1`` of the
+shuffled, repeated stream, whatever the process count; each process reads only the rows
+of it that its own devices hold (``host_rows``), so a multi-host run trains on exactly
+the batches of a one-process run, and the iterator state (the batch index) is the same on
+every process.
 """
 from __future__ import annotations
 
@@ -122,24 +128,64 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
                               f"{0 if val is None else len(val):,} validation sequences")
 
 
-def train_iterator(source, seed: int, global_batch_size: int, read_threads: int = 1):
-    """An endless, seeded, checkpointable iterator of global batches (dicts of arrays)."""
+def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | None:
+    """Rows of each global batch (0 .. G-1, ascending) that this process's devices hold, or
+    None when they hold all of them (one process, or every process sees every row).
+
+    A step's batch is [accum, G/accum, L] with the second axis split over (data, fsdp)
+    (partitioning.batch_sharding); micro-batch ``a`` is rows a*G/accum ... of the batch.
+    """
+    import jax
+
+    from lp_jax.training.partitioning import batch_sharding
+
+    per_micro = global_batch_size // accum_steps
+    shape = (accum_steps, per_micro)
+    indices = batch_sharding(mesh).addressable_devices_indices_map(shape)
+    mine = set()
+    for index in indices.values():
+        mine.update(range(*index[1].indices(per_micro)))
+    if len(mine) == per_micro or jax.process_count() == 1:
+        return None
+    local = np.array(sorted(mine))
+    if local[-1] - local[0] + 1 != len(local):
+        raise ValueError(f"process {jax.process_index()} holds batch rows that are not "
+                         f"contiguous ({local.tolist()}); build the mesh in process order")
+    return np.concatenate([a * per_micro + local for a in range(accum_steps)])
+
+
+def train_iterator(source, seed: int, global_batch_size: int, read_threads: int = 1,
+                   rows: np.ndarray | None = None):
+    """An endless, seeded, checkpointable iterator of global batches (dicts of arrays), or,
+    with ``rows`` (from host_rows), of those rows of each global batch only."""
     import grain
 
     ds = grain.MapDataset.source(source)
     if not isinstance(source, MockSequences):  # mock data is already random per index
         ds = ds.shuffle(seed=seed)  # reshuffled differently each epoch by repeat()
-    ds = ds.repeat(None).batch(global_batch_size, drop_remainder=True)
+    ds = ds.repeat(None)
+    if rows is None:
+        ds = ds.batch(global_batch_size, drop_remainder=True)
+    else:
+        stream, rows = ds, np.asarray(rows, np.int64)
+        local = len(rows)
+        # Element i of this process's stream: row rows[i % local] of global batch i // local.
+        ds = grain.MapDataset.range(0, len(stream) // global_batch_size * local).map(
+            lambda i: stream[(i // local) * global_batch_size + int(rows[i % local])])
+        ds = ds.batch(local, drop_remainder=True)
     options = grain.ReadOptions(num_threads=read_threads,
                                 prefetch_buffer_size=2 * read_threads if read_threads else 0)
     return iter(ds.to_iter_dataset(read_options=options))
 
 
-def validation_batches(source, global_batch_size: int, num_batches: int) -> list[dict]:
+def validation_batches(source, global_batch_size: int, num_batches: int,
+                       rows: np.ndarray | None = None) -> list[dict]:
     """The same first ``num_batches`` batches of the validation split every time
-    (unshuffled; a split smaller than that wraps around)."""
+    (unshuffled; a split smaller than that wraps around); with ``rows``, only those rows
+    of each batch (this process's, from host_rows)."""
     out = []
+    rows = range(global_batch_size) if rows is None else rows
     for b in range(num_batches):
-        items = [source[(b * global_batch_size + i) % len(source)] for i in range(global_batch_size)]
+        items = [source[(b * global_batch_size + int(i)) % len(source)] for i in rows]
         out.append({k: np.stack([it[k] for it in items]) for k in EXAMPLE_KEYS})
     return out

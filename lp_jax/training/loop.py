@@ -17,12 +17,15 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lp_jax.training import data as data_lib
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
 from lp_jax.training.config_io import dump_yaml, to_dict
+from lp_jax.training.distributed import is_primary
+from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import (abstract_state, init_state, make_mesh, place_batch,
                                    split_model, state_shardings)
@@ -58,6 +61,17 @@ class _StopSignal:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
+    def agree(self) -> None:
+        """With several processes, every one stops if any received a signal (one collective
+        per step), so they all save the same step and none waits for the others forever."""
+        if jax.process_count() == 1:
+            return
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.int32(self.received is not None))
+        if self.received is None and np.any(flags):
+            self.received = "signal to another process"
+
     def _handle(self, signum, frame):
         if self.received and signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -74,31 +88,36 @@ def run(plan: Plan) -> RunResult:
     import lp_jax
 
     cfg = plan.config
+    primary = is_primary()  # process 0 writes the run folder's files and prints
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    mesh = make_mesh(plan.data_parallel, plan.fsdp)
+    if primary:
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
     spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
     tx = make_optimizer(spec.optimizer)
-    say = print
+    say = print if primary else (lambda *_: None)
+    global_batch = cfg.data.global_batch_size
 
     ckpt = Checkpointer(cfg.checkpoint.dir or run_dir / "checkpoints", cfg.checkpoint.keep,
                         cfg.checkpoint.async_save)
     start = (ckpt.latest_step() if cfg.checkpoint.resume else None) or 0
     splits = data_lib.open_splits(cfg.data, plan.tokenizer, plan.model_config.vocab_size,
                                   cfg.seed, progress=cfg.logging.progress_bar)
-    train_it = data_lib.train_iterator(splits.train, cfg.seed, cfg.data.global_batch_size,
-                                       cfg.data.read_threads)
+    rows = data_lib.host_rows(mesh, global_batch, plan.accum_steps)  # None: this process reads all rows
+    train_it = data_lib.train_iterator(splits.train, cfg.seed, global_batch,
+                                       cfg.data.read_threads, rows=rows)
     val_data = None
     if splits.val is not None and cfg.logging.val_batches > 0:
-        val_data = data_lib.validation_batches(splits.val, cfg.data.global_batch_size,
-                                               cfg.logging.val_batches)
+        val_data = data_lib.validation_batches(splits.val, global_batch,
+                                               cfg.logging.val_batches, rows=rows)
 
     def build_model():
         return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
 
     def with_recipe(model, phase):
         report = lp_jax.apply_recipe(model, phase.recipe)
+        fp32_weight_gradients(model)  # the LM head: BF16 GEMM, FP32 gradient (head_gemm.py)
         say(str(report).splitlines()[0])
         if phase.recipe.quantized and not report.quantized:
             say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
@@ -120,17 +139,21 @@ def run(plan: Plan) -> RunResult:
         state = init_state(build_model, tx, cfg.seed, shardings)
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
     say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
-        f"{cfg.data.global_batch_size // plan.accum_steps} sequences per step")
+        f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
+        f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
+        f"{jax.process_count()} process(es)")
 
     end = cfg.stop_at or cfg.steps
     if start >= end:
         say(f"nothing to train: the checkpoint is at step {start}, the run ends at {end}")
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # this process's (for memory stats and the platform)
     tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
     flops_per_step = metrics_lib.flops_per_token(plan.model_config, cfg.data.seq_len) * tokens_per_step
-    writer = metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard)
-    progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar)
-    say = progress.write
+    writer = (metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard) if primary
+              else _NoMetrics())
+    progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar and primary)
+    if primary:
+        say = progress.write
     nan = set(cfg.debug.inject_nan_at_steps)
     result = RunResult(start, None, None, int(state["nonfinite_steps"]), False, str(run_dir))
     saved_step = start
@@ -154,7 +177,7 @@ def run(plan: Plan) -> RunResult:
                     model = nnx.merge(graphdef, state["params"], state["rest"])
                     graphdef = with_recipe(model, phase)
                     say(f"step {step}: precision -> {phase.name}")
-                batch = place_batch(next(train_it), plan.accum_steps, mesh)
+                batch = place_batch(next(train_it), plan.accum_steps, mesh, global_batch)
                 poison = jnp.float32(math.nan if step in nan else 1.0)
                 t0 = time.perf_counter()
                 state, m = train_step(graphdef, spec, state, batch, poison)
@@ -183,12 +206,14 @@ def run(plan: Plan) -> RunResult:
                 at_end = step == cfg.steps
                 if val_data is not None and (at_end or (cfg.logging.val_every and
                                                         step % cfg.logging.val_every == 0)):
-                    values["val_loss"] = result.val_loss = _validate(graphdef, spec, state, val_data, mesh)
+                    values["val_loss"] = result.val_loss = _validate(graphdef, spec, state, val_data,
+                                                                     mesh, global_batch)
                 if step % cfg.logging.every == 0 or "val_loss" in values or at_end:
                     writer.write(step, values)
                 progress.update(values)
                 result.step, result.loss = step, loss
                 result.nonfinite_steps = values["nonfinite_steps"]
+                stop.agree()  # a signal to any process stops all of them after the same step
                 if stop.received or step == end or step % cfg.checkpoint.every == 0:
                     save(step)
                 if stop.received:
@@ -219,9 +244,20 @@ def _changed_keys(saved: dict, current: dict, prefix: str = "") -> list[str]:
     return changed
 
 
-def _validate(graphdef, spec, state, batches, mesh) -> float:
+class _NoMetrics:
+    """The metrics sink of processes other than 0 (one writer per run folder)."""
+
+    def write(self, step, values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _validate(graphdef, spec, state, batches, mesh, global_batch) -> float:
     nll = count = 0.0
     for batch in batches:
-        b_nll, b_count = eval_step(graphdef, spec, state, place_batch(batch, spec.accum_steps, mesh))
+        placed = place_batch(batch, spec.accum_steps, mesh, global_batch)
+        b_nll, b_count = eval_step(graphdef, spec, state, placed)
         nll, count = nll + float(b_nll), count + float(b_count)
     return nll / max(count, 1.0)

@@ -21,31 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
-MESH_AXES = ("data", "fsdp")
-BATCH_AXES = ("data", "fsdp")  # both shard the batch; fsdp also shards the state
-
-
-def make_mesh(data_parallel: int, fsdp: int) -> Mesh:
-    devices = np.asarray(jax.devices()[: data_parallel * fsdp]).reshape(data_parallel, fsdp)
-    return Mesh(devices, MESH_AXES)
-
-
-def sharding_for(shape: tuple[int, ...], mesh: Mesh) -> NamedSharding:
-    """FSDP rule: shard the largest axis the fsdp size divides; else replicate."""
-    fsdp = mesh.shape["fsdp"]
-    spec = [None] * len(shape)
-    if fsdp > 1:
-        for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
-            if shape[axis] % fsdp == 0:
-                spec[axis] = "fsdp"
-                break
-    return NamedSharding(mesh, P(*spec))
-
-
-def state_shardings(abstract_state: Any, mesh: Mesh) -> Any:
-    return jax.tree.map(lambda x: sharding_for(tuple(x.shape), mesh), abstract_state)
+# The mesh and the sharding rules live in mesh.py and partitioning.py; re-exported here
+# because the loop, the tests and older callers import them from the state module.
+from lp_jax.training.mesh import BATCH_AXES, MESH_AXES, make_mesh  # noqa: E402,F401
+from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402,F401
 
 
 def split_model(model: nnx.Module):
@@ -76,12 +57,21 @@ def init_state(build_model: Callable[[], nnx.Module], tx, seed: int, shardings: 
     return jax.jit(init, out_shardings=shardings)()
 
 
-def place_batch(batch: dict[str, np.ndarray], accum_steps: int, mesh: Mesh) -> dict[str, jax.Array]:
-    """[global, L] host arrays -> [accum, global/accum, L] device arrays, micro-batches
-    sharded over the data-parallel ranks."""
-    sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+def place_batch(batch: dict[str, np.ndarray], accum_steps: int, mesh: Mesh,
+                global_batch_size: int | None = None) -> dict[str, jax.Array]:
+    """Host arrays -> global [accum, global/accum, L] arrays, micro-batches sharded over the
+    data-parallel ranks (mesh.data x mesh.fsdp).
+
+    One process: ``batch`` is the global batch [global, L]. Several processes: it holds this
+    process's rows of it (``data.host_rows``, in the same order) and ``global_batch_size``
+    is the total; each process contributes only the shards its own devices hold.
+    """
+    sharding = batch_sharding(mesh)
     out = {}
     for key, value in batch.items():
         value = np.asarray(value)
-        out[key] = jax.device_put(value.reshape(accum_steps, -1, *value.shape[1:]), sharding)
+        local = value.reshape(accum_steps, -1, *value.shape[1:])
+        rows = (global_batch_size or value.shape[0]) // accum_steps
+        out[key] = jax.make_array_from_process_local_data(
+            sharding, local, (accum_steps, rows, *value.shape[1:]))
     return out

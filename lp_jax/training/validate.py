@@ -40,6 +40,7 @@ class Plan:
     data_parallel: int  # ranks along the mesh's data axis
     fsdp: int
     accum_steps: int  # micro-batches per optimizer step
+    tensor: int = 1  # tensor-parallel ranks (they share their batch rows)
 
     def phase_at(self, step: int) -> Phase:
         """The recipe that trains (1-based) ``step``."""
@@ -55,17 +56,23 @@ def resolve(config: TrainConfig) -> Plan:
     tokenizer = _tokenizer(config)
     model_config = _model_config(config, tokenizer)
     phases = _phases(config, model_config.num_layers)
-    data_parallel, fsdp = _mesh(config)
+    data_parallel, fsdp, tensor = _mesh(config)
     per_pass = config.data.micro_batch_size * data_parallel * fsdp
     if config.data.global_batch_size % per_pass:
         raise ConfigError(
             f"data.global_batch_size={config.data.global_batch_size} is not divisible by "
-            f"data.micro_batch_size x data-parallel ranks = {config.data.micro_batch_size} x "
-            f"{data_parallel * fsdp} = {per_pass}")
+            f"data.micro_batch_size x data-parallel ranks (mesh.data x mesh.fsdp) = "
+            f"{config.data.micro_batch_size} x {data_parallel * fsdp} = {per_pass}")
+    from lp_jax.training import mesh_checks
+
+    mesh_checks.check_heads(model_config, tensor)
+    mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
+                             {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
+                             config.data.micro_batch_size, config.data.seq_len)
     _check_data(config)
     _check_checkpoint_dir(config)
     return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
-                config.data.global_batch_size // per_pass)
+                config.data.global_batch_size // per_pass, tensor)
 
 
 def _fail_unless(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -189,17 +196,12 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
     return recipe
 
 
-def _mesh(c: TrainConfig) -> tuple[int, int]:
+def _mesh(c: TrainConfig) -> tuple[int, int, int]:
     import jax
 
-    n = jax.device_count()
-    fsdp, data = c.mesh.fsdp, c.mesh.data
-    _fail_unless(fsdp >= 1 and n % fsdp == 0, "mesh.fsdp", fsdp, f"must divide the {n} devices")
-    if data == -1:
-        data = n // fsdp
-    _fail_unless(data >= 1 and data * fsdp == n, "mesh.data", c.mesh.data,
-                 f"mesh.data x mesh.fsdp must equal the {n} devices (-1 fills)")
-    return data, fsdp
+    from lp_jax.training.mesh import mesh_shape
+
+    return mesh_shape(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jax.device_count())
 
 
 def _check_data(c: TrainConfig) -> None:

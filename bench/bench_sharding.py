@@ -1,0 +1,129 @@
+"""Per-device collective bytes and sharded state bytes of the llama3_8b train step, per mesh.
+
+    python bench/bench_sharding.py [--recipe bf16] [--seq-len 8192] [--micro-batch 1]
+                                   [--global-batch 768] [--meshes 1,8,1 8,8,1 ...]
+
+Nothing is allocated: the step is traced from jax.ShapeDtypeStructs carrying the
+partitioning rules' shardings, lowered and compiled for the CPU backend on 64 forced host
+devices (this script sets XLA_FLAGS=--xla_force_host_platform_device_count=64 unless
+XLA_FLAGS is already set; an 8-device mesh uses the first 8). Columns:
+
+- params / Adam: FP32 master weights / first+second moments held by one device (the FP32
+  gradients take as much as the params at their peak);
+- all-gather ... collective-permute: operand bytes one device feeds into each kind of
+  collective during one optimizer step (every micro-batch, the optimizer update too),
+  read from the compiled per-device HLO; collectives inside the scanned layers and the
+  micro-batch scan are multiplied by those loops' trip counts;
+- temp: XLA's temporary-buffer estimate for one device (the CPU compiler's, indicative).
+
+The model is llama3_8b with ``scan_layers=True`` (32 layers compile as one scanned body
+instead of 32 copies; the collectives are the same, counted per trip). The defaults are
+the 8B configs': sequence 8192, micro-batch 1 per data-parallel rank, global batch 768.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+if "XLA_FLAGS" not in os.environ:
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=64"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import lp_jax  # noqa: E402
+from bench.common import platform_line, print_table  # noqa: E402
+from bench.hlo_collectives import KINDS, collective_bytes  # noqa: E402
+from lp_jax.training.head_gemm import fp32_weight_gradients  # noqa: E402
+from lp_jax.training.mesh import make_mesh  # noqa: E402
+from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
+from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402
+from lp_jax.training.state import abstract_state, split_model  # noqa: E402
+from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
+from models import llama  # noqa: E402
+
+MESHES = ((8, 1, 1), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1), (1, 8, 8), (8, 1, 8))
+OPTIMIZER = OptimizerSpec(peak_lr=6e-4, min_lr=6e-6, init_lr=0.0, warmup_steps=2000,
+                          decay_steps=158946, decay="cosine", b1=0.9, b2=0.95, eps=1e-8,
+                          weight_decay=0.033, clip_grad_norm=1.0)
+GB = 1e9
+
+
+def device_bytes(tree, shardings) -> int:
+    """Bytes of ``tree``'s leaves held by one device under ``shardings``."""
+    total = 0
+    for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+        total += int(np.prod(sharding.shard_shape(leaf.shape))) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
+    data, fsdp, tensor = sizes
+    mesh = make_mesh(data, fsdp, tensor)
+    cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
+    model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
+    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe))
+    fp32_weight_gradients(model)
+    graphdef, params, rest = split_model(model)
+    tx = make_optimizer(OPTIMIZER)
+    target = abstract_state((graphdef, params, rest), tx, 0)
+    shardings = state_shardings(target, mesh)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         target, shardings)
+    per_pass = micro * data * fsdp
+    accum = global_batch // per_pass
+    row = batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct((accum, per_pass, seq_len), dt, sharding=row)
+             for k, dt in (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
+                           ("positions", jnp.int32), ("loss_mask", jnp.bool_))}
+    spec = StepSpec(OPTIMIZER, accum, mesh)
+    step = jitted_train_step(spec, state)
+    t0 = time.perf_counter()
+    compiled = step.lower(graphdef, spec, state, batch, jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    seconds = time.perf_counter() - t0
+    collectives = collective_bytes(compiled.as_text())
+    memory = compiled.memory_analysis()
+    temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
+    opt = device_bytes(target["opt_state"], shardings["opt_state"])
+    return {"mesh": f"{data}x{fsdp}x{tensor}", "devices": data * fsdp * tensor, "accum": accum,
+            "params": device_bytes(target["params"], shardings["params"]), "adam": opt,
+            **collectives, "temp": temp, "compile_s": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="bf16")
+    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--global-batch", type=int, default=768)
+    parser.add_argument("--remat", default="none", choices=llama.REMAT_POLICIES)
+    parser.add_argument("--meshes", nargs="*", default=[",".join(map(str, m)) for m in MESHES],
+                        help="data,fsdp,tensor triples")
+    args = parser.parse_args()
+    print(platform_line())
+    rows = []
+    for text in args.meshes:
+        sizes = tuple(int(v) for v in text.split(","))
+        if np.prod(sizes) > jax.device_count():
+            print(f"skipping mesh {text}: needs {np.prod(sizes)} devices")
+            continue
+        r = measure(sizes, args.recipe, args.seq_len, args.micro_batch, args.global_batch, args.remat)
+        rows.append([r["mesh"], r["devices"], r["accum"], f"{r['params'] / GB:.2f}", f"{r['adam'] / GB:.2f}",
+                     *(f"{r[k] / GB:.2f}" for k in KINDS),
+                     "n/a" if r["temp"] is None else f"{r['temp'] / GB:.1f}", f"{r['compile_s']:.0f}"])
+        print(f"  compiled {r['mesh']} in {r['compile_s']:.0f} s", flush=True)
+    print_table(["mesh d x f x t", "devices", "micro-batches", "params GB", "Adam GB",
+                 *(f"{k} GB" for k in KINDS), "temp GB", "compile s"], rows,
+                title=f"llama3_8b, {args.recipe}, remat {args.remat}, sequence {args.seq_len}, micro-batch "
+                      f"{args.micro_batch} per data-parallel rank, global batch {args.global_batch}: "
+                      "bytes per device per optimizer step")
+
+
+if __name__ == "__main__":
+    main()

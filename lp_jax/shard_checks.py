@@ -1,0 +1,101 @@
+"""Checks, before compiling, that a mesh never splits a quantization block across shards.
+
+Every block of a quantized GEMM operand runs along a contraction axis: K for fprop (x and
+W), N for dgrad (dy and W), M, the tokens, for wgrad (x and dy); NVFP4's 16x16 weight tiles
+span K and N, and its random Hadamard transform mixes 16 consecutive tokens. If a mesh
+axis splits one of those dimensions into shards that are not whole blocks, a block (and
+its shared scale) would straddle two devices: the partitioner would have to gather the
+operand first (silently costing memory and bandwidth), so such a mesh is rejected instead,
+with the layer, the dimension, the mesh axis and the block size in the message.
+
+Per-tensor scales (FP8-CS, NVFP4's tensor scale) need no check: their amax is a ``jnp.max``
+over the whole logical array inside jit, which the partitioner turns into a global
+all-reduce(max) whatever the sharding.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from lp_jax.recipes import Recipe
+
+BLOCK_SIZES = {"mxfp8": 32, "nvfp4": 16}
+RHT_LENGTH = 16
+
+
+class BlockStraddleError(ValueError):
+    """A mesh would split a quantization block across devices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """How one dimension of one GEMM operand is divided over the mesh."""
+
+    size: int  # the dimension's global length
+    shards: int = 1  # product of the mesh axes that split it
+    mesh_axes: str = ""  # their names, for messages ("fsdp", "data x fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearSplits:
+    """The splits of y[M, N] = x[M, K] @ W[K, N] for one Linear (activations and weight may
+    split K and N differently: a row-parallel layer's x has K on ``tensor`` and its W too)."""
+
+    x_m: Split
+    x_k: Split
+    w_k: Split
+    w_n: Split
+    dy_m: Split
+    dy_n: Split
+
+
+# (operand field of the recipe, tensor, blocked dimension, the other dimension of 16x16 tiles)
+_OPERANDS = (
+    ("fprop_x", "x", "k", None), ("fprop_w", "w", "k", "n"),
+    ("dgrad_dy", "dy", "n", None), ("dgrad_w", "w", "n", "k"),
+    ("wgrad_x", "x", "m", None), ("wgrad_dy", "dy", "m", None),
+)
+_DIM_NAMES = {"m": "M (tokens)", "k": "K (in features)", "n": "N (out features)"}
+
+
+def _block(spec) -> int | None:
+    size = BLOCK_SIZES.get(spec.fmt)
+    if spec.rht:
+        size = max(size or 1, RHT_LENGTH)
+    return size
+
+
+def straddles(splits: LinearSplits, recipe: Recipe) -> list[str]:
+    """Descriptions of every (operand, dimension) whose shards are not whole blocks."""
+    problems = []
+    for field, tensor, dim, tile_dim in _OPERANDS:
+        spec = getattr(recipe, field)
+        block = _block(spec)
+        if block is None:
+            continue
+        dims = [dim] + ([tile_dim] if spec.block_2d and tile_dim else [])
+        for d in dims:
+            split = getattr(splits, f"{tensor}_{d}")
+            if split.shards <= 1:
+                continue
+            local, rem = divmod(split.size, split.shards)
+            if rem or local % block:
+                what = f"{spec.fmt.upper()} " if spec.fmt in BLOCK_SIZES else ""
+                what += f"{block}x{block} tiles" if spec.block_2d else f"{block}-element blocks"
+                if spec.rht:
+                    what += " (and 16-point Hadamard transform)"
+                problems.append(
+                    f"{field} {tensor} along {_DIM_NAMES[d]}={split.size}: mesh axis "
+                    f"{split.mesh_axes} makes {split.shards} shards of "
+                    f"{split.size / split.shards:g}, not a multiple of its {what}")
+    return problems
+
+
+def check_linear(path: str, splits: LinearSplits, recipe: Recipe) -> None:
+    """Raises BlockStraddleError naming ``path`` if ``splits`` would split a block."""
+    problems = straddles(splits, recipe)
+    if problems:
+        raise BlockStraddleError(
+            f"the mesh splits quantization blocks of {path} ({type(recipe).__name__}): "
+            f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            + "; choose mesh sizes (or micro-batch and sequence length) that keep every "
+              "shard a whole number of blocks")

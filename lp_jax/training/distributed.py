@@ -1,0 +1,76 @@
+"""Multi-process runs: ``jax.distributed.initialize`` from the config or the environment.
+
+Every process runs the same ``train.py`` command; process 0 also hosts the coordinator.
+Where a value is not in the ``distributed`` config section it comes from the environment:
+
+    JAX_COORDINATOR_ADDRESS   host:port of process 0 (read by JAX itself too)
+    JAX_NUM_PROCESSES         how many processes
+    JAX_PROCESS_ID            this process's index, 0 .. JAX_NUM_PROCESSES-1
+    JAX_LOCAL_DEVICE_IDS      comma-separated local devices this process drives (optional)
+
+Under SLURM or Open MPI none is needed: JAX reads the launcher's variables. Initialization
+must happen before JAX touches a device, so train.py calls ``maybe_initialize`` right
+after reading the config and before validating the mesh against the device count.
+"""
+from __future__ import annotations
+
+import os
+
+from lp_jax.training.config import DistributedConfig
+from lp_jax.training.config_io import ConfigError
+
+_LAUNCHER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} must be an integer") from None
+
+
+def resolve_arguments(cfg: DistributedConfig) -> dict | None:
+    """The keyword arguments for jax.distributed.initialize, or None for a one-process run."""
+    address = cfg.coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    count = cfg.num_processes if cfg.num_processes is not None else _env_int("JAX_NUM_PROCESSES")
+    index = cfg.process_id if cfg.process_id is not None else _env_int("JAX_PROCESS_ID")
+    launched = any((_env_int(v) or 1) > 1 for v in _LAUNCHER_SIZE_VARS)
+    wanted = cfg.initialize if cfg.initialize is not None else bool(address or launched)
+    if not wanted:
+        return None
+    if count is not None and count < 1:
+        raise ConfigError(f"distributed.num_processes={count} is invalid: must be at least 1")
+    if index is not None and count is not None and not 0 <= index < count:
+        raise ConfigError(f"distributed.process_id={index} is invalid: must be in 0..{count - 1} "
+                          f"for num_processes={count}")
+    if address and not launched and (count is None or index is None):
+        raise ConfigError("distributed: a coordinator address is set but not the process count "
+                          "and index; set distributed.num_processes and distributed.process_id "
+                          "(or JAX_NUM_PROCESSES and JAX_PROCESS_ID)")
+    kwargs = {"coordinator_address": address, "num_processes": count, "process_id": index}
+    if cfg.local_device_ids:
+        kwargs["local_device_ids"] = list(cfg.local_device_ids)
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def maybe_initialize(cfg: DistributedConfig) -> bool:
+    """Calls jax.distributed.initialize when the config or environment asks for several
+    processes (once per process); returns whether this is a multi-process run."""
+    import jax
+
+    kwargs = resolve_arguments(cfg)
+    if kwargs is None:
+        return False
+    if not jax.distributed.is_initialized():
+        jax.distributed.initialize(**kwargs)
+    return jax.process_count() > 1
+
+
+def is_primary() -> bool:
+    """Process 0 writes the run folder's files (config, metrics, TensorBoard) and prints."""
+    import jax
+
+    return jax.process_index() == 0

@@ -1,0 +1,82 @@
+"""Mesh checks that need the model and the recipes, run by validate.resolve before compiling:
+whole attention heads per tensor rank, and no quantization block split across devices
+(lp_jax.shard_checks, with the splits that partitioning's rules give each Linear)."""
+from __future__ import annotations
+
+import math
+
+from lp_jax.training.config_io import ConfigError
+from lp_jax.training.partitioning import ACTIVATION_RULES, logical_axes, param_spec
+
+
+def _split(size: int, entry, mesh_shape: dict[str, int]):
+    from lp_jax.shard_checks import Split
+
+    names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+    shards = math.prod(mesh_shape[n] for n in names)
+    return Split(size, shards, " x ".join(names))
+
+
+def _activation_entry(logical: str | None, size: int, mesh_shape: dict[str, int]):
+    """The mesh axes an activation dimension is constrained to (models.sharding.constrain
+    leaves a dimension whole when its axes do not divide it)."""
+    entry = dict(ACTIVATION_RULES).get(logical) if logical else None
+    if entry is None:
+        return None
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return entry if size % math.prod(mesh_shape[n] for n in names) == 0 else None
+
+
+def linear_splits(path: str, kernel_shape: tuple[int, int], mesh_shape: dict[str, int],
+                  tokens_per_pass: int):
+    """LinearSplits of the Linear at ``path`` under the partitioning rules. tokens_per_pass:
+    M of one forward pass over the whole mesh (micro-batch x data x fsdp x seq_len)."""
+    from lp_jax.shard_checks import LinearSplits
+
+    k, n = kernel_shape
+    kernel = f"{path}/kernel"
+    spec = tuple(param_spec(kernel, kernel_shape, mesh_shape)) + (None, None)
+    names = logical_axes(kernel, 2) or (None, None)
+    m = _split(tokens_per_pass, ("data", "fsdp"), mesh_shape)
+    return LinearSplits(
+        x_m=m, x_k=_split(k, _activation_entry(names[0], k, mesh_shape), mesh_shape),
+        w_k=_split(k, spec[0], mesh_shape), w_n=_split(n, spec[1], mesh_shape),
+        dy_m=m, dy_n=_split(n, _activation_entry(names[1], n, mesh_shape), mesh_shape))
+
+
+def check_heads(model_config, tensor: int) -> None:
+    for key in ("num_heads", "num_kv_heads"):
+        heads = getattr(model_config, key)
+        if heads % tensor:
+            raise ConfigError(f"mesh.tensor={tensor} does not divide model.{key}={heads}: each "
+                              "tensor-parallel rank must hold whole attention heads")
+
+
+def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_size: int,
+                 seq_len: int) -> None:
+    """ConfigError if any recipe would split a quantization block across the mesh."""
+    if all(v == 1 for v in mesh_shape.values()):
+        return
+    from flax import nnx
+
+    import lp_jax
+    from lp_jax.dot_general import LowPrecisionDotGeneral
+    from lp_jax.shard_checks import BlockStraddleError, check_linear
+    from models import llama
+
+    model = nnx.eval_shape(lambda: llama.Llama(model_config, rngs=nnx.Rngs(0)))
+    tokens = micro_batch_size * mesh_shape["data"] * mesh_shape["fsdp"] * seq_len
+    for recipe in recipes:
+        if not recipe.quantized:
+            continue
+        lp_jax.apply_recipe(model, recipe)
+        for path, node in nnx.iter_graph(model):
+            dg = getattr(node, "dot_general", None)
+            if not isinstance(node, nnx.Linear) or not isinstance(dg, LowPrecisionDotGeneral):
+                continue
+            name = "/".join(map(str, path))
+            splits = linear_splits(name, tuple(node.kernel.shape), mesh_shape, tokens)
+            try:
+                check_linear(name, splits, dg.recipe)
+            except BlockStraddleError as e:
+                raise ConfigError(str(e)) from None

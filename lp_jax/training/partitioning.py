@@ -1,0 +1,156 @@
+"""Logical-axis rules: how parameters, optimizer state, gradients and activations are
+sharded over the (data, fsdp, tensor) mesh, in the Flax/MaxText convention.
+
+Two steps, as in MaxText: each tensor's dimensions get *logical* names, and a rule table
+maps names to mesh axes.
+
+- Parameters get their names from a path-regex table (``PARAM_AXES``) applied to the
+  state, so the model carries no sharding metadata and its state tree is unchanged; the
+  same table names the Adam moments (their paths end like the parameters') and the
+  gradients (constrained to the parameters' shardings inside the step).
+- Activations are named by the model itself (``models.sharding.constrain``) and mapped by
+  ``ACTIVATION_RULES`` through Flax's ``nnx.logical_axis_rules``.
+
+The rules give Megatron's tensor parallelism and ZeRO-3 FSDP: q/k/v/gate/up are
+column-parallel (output features on ``tensor``), o/down row-parallel (input features on
+``tensor``), the vocabulary of the embedding and LM head on ``tensor``; the hidden
+(``embed``) dimension of every weight is sharded over ``fsdp``, so the partitioner
+all-gathers each weight before its GEMM and reduce-scatters its gradient. Activations
+keep ``embed`` whole (a weight's ``embed`` shards are gathered, not the activations'),
+and split the batch over (data, fsdp).
+
+A dimension that its mesh axes do not divide is left unsharded on those axes (reported
+by ``sharding_report``), so any model compiles on any mesh.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from lp_jax.training.mesh import BATCH_AXES
+
+# Parameter path (searched in the '/'-joined path; a trailing '/value' is nnx.Variable's)
+# -> logical names of its dimensions. Kernels are [in, out], as nnx.Linear stores them.
+PARAM_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"(^|/)embed/embedding$", ("vocab", "embed")),
+    (r"(^|/)attn/q_proj/kernel$", ("embed", "heads")),
+    (r"(^|/)attn/[kv]_proj/kernel$", ("embed", "kv_heads")),
+    (r"(^|/)attn/o_proj/kernel$", ("heads", "embed")),
+    (r"(^|/)mlp/(gate|up)_proj/kernel$", ("embed", "mlp")),
+    (r"(^|/)mlp/down_proj/kernel$", ("mlp", "embed")),
+    (r"(^|/)lm_head/kernel$", ("embed", "vocab")),
+    (r"(^|/)\w*norm/scale$", ("norm",)),
+)
+
+# Logical name -> mesh axes, for parameters (and moments, gradients) ...
+PARAM_RULES: tuple[tuple[str, Any], ...] = (
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("norm", None),  # norm scales are tiny: replicated
+)
+
+# ... and for activations (models.sharding.constrain reads these via nnx.logical_axis_rules).
+ACTIVATION_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", BATCH_AXES),
+    ("sequence", None),
+    ("embed", None),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+)
+
+
+def path_string(key_path) -> str:
+    """'layers/0/attn/q_proj/kernel' for a jax key path (nnx's trailing '/value' dropped)."""
+    text = jax.tree_util.keystr(key_path, simple=True, separator="/")
+    return text.removesuffix("/value")
+
+
+def logical_axes(path: str, ndim: int) -> tuple[str, ...] | None:
+    """The logical names of a parameter (or moment) at ``path``; None if no rule names it."""
+    for pattern, names in PARAM_AXES:
+        if re.search(pattern, path) and len(names) == ndim:
+            return names
+    return None
+
+
+def _size(mesh_shape, entry) -> int:
+    if entry is None:
+        return 1
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return math.prod(mesh_shape[n] for n in names)
+
+
+def param_spec(path: str, shape: tuple[int, ...], mesh_shape: dict[str, int],
+               rules=PARAM_RULES) -> P:
+    """The PartitionSpec of a parameter-shaped array (parameter, moment or gradient).
+
+    Named by PARAM_AXES and mapped by ``rules``; an unnamed array of rank >= 2 is FSDP-sharded
+    on its largest dimension that ``fsdp`` divides (ZeRO-3 for parameters of other models),
+    an unnamed vector or scalar is replicated.
+    """
+    names = logical_axes(path, len(shape))
+    if names is None:
+        spec = [None] * len(shape)
+        fsdp = mesh_shape.get("fsdp", 1)
+        if len(shape) >= 2 and fsdp > 1:
+            for axis in sorted(range(len(shape)), key=lambda a: -shape[a]):
+                if shape[axis] % fsdp == 0:
+                    spec[axis] = "fsdp"
+                    break
+        return P(*spec)
+    table = dict(rules)
+    spec = []
+    for dim, name in zip(shape, names):
+        entry = table.get(name)
+        spec.append(entry if entry is not None and dim % _size(mesh_shape, entry) == 0 else None)
+    return P(*spec)
+
+
+def state_shardings(tree: Any, mesh) -> Any:
+    """NamedShardings for the train state (or any tree of parameter-shaped leaves):
+    parameters and their Adam moments by the rules, counters and keys replicated."""
+    mesh_shape = dict(mesh.shape)
+
+    def one(key_path, leaf):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not shape:
+            return NamedSharding(mesh, P())
+        return NamedSharding(mesh, param_spec(path_string(key_path), shape, mesh_shape))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """[accum, micro-batch, L] batches: micro-batch rows over (data, fsdp); every tensor
+    rank of a data/fsdp coordinate sees the same rows."""
+    return NamedSharding(mesh, P(None, BATCH_AXES))
+
+
+def sharding_report(tree: Any, mesh_shape: dict[str, int]) -> list[tuple[str, tuple, P, bool]]:
+    """(path, shape, spec, fell_back) per parameter-shaped leaf: fell_back is True where a
+    rule named a mesh axis that does not divide the dimension (left unsharded there)."""
+    rows = []
+    for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not shape:
+            continue
+        path = path_string(key_path)
+        spec = param_spec(path, shape, mesh_shape)
+        names = logical_axes(path, len(shape))
+        table = dict(PARAM_RULES)
+        wanted = tuple(table.get(n) for n in names) if names else tuple(spec)
+        fell_back = any(w is not None and _size(mesh_shape, w) > 1 and s is None
+                        for w, s in zip(wanted, tuple(spec) + (None,) * len(shape)))
+        rows.append((path, shape, spec, fell_back))
+    return rows

@@ -1,0 +1,87 @@
+"""Per-step losses of one short training run on several meshes, for test_sharded_training.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/sharded_runs.py nvfp4
+
+A 2-layer tiny Llama, 5 steps of 8 x 32 mock tokens, with the trainer's own pieces (the
+partitioning rules, the jitted step with its in/out shardings, the LM-head FP32 GEMM),
+every Linear in the recipe (F0L0), for each recipe on one device, on meshes (data, fsdp,
+tensor) = (8,1,1), (2,4,1), (2,2,2), and once more on one device with the initial master
+weights moved by one FP32 ulp (how far FP32 rounding alone moves this trajectory). Also the
+BF16 recipe with FP32 activations (model.dtype=float32), where no BF16 or FP8 rounding
+decision can flip. The micro-batch is the whole batch everywhere (no accumulation), so
+the runs differ only in how the work is split. Prints one JSON line per run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import lp_jax
+from lp_jax.training import data as data_lib
+from lp_jax.training import state as state_lib
+from lp_jax.training.head_gemm import fp32_weight_gradients
+from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
+from lp_jax.training.step import StepSpec, train_step
+from models import llama
+
+BATCH, SEQ, STEPS = 8, 32, 5
+MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
+# configs/tiny.yaml's schedule: step 1 at lr 0 (Megatron's init_lr), then warming up.
+OPTIMIZER = OptimizerSpec(peak_lr=3e-3, min_lr=3e-4, init_lr=0.0, warmup_steps=30, decay_steps=300,
+                          decay="cosine", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.033,
+                          clip_grad_norm=1.0)
+
+
+def batches(vocab: int) -> list[dict]:
+    source = data_lib.MockSequences(vocab, SEQ, seed=0)
+    return [{k: np.stack([source[b * BATCH + i][k] for i in range(BATCH)])
+             for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
+
+
+def run(recipe: str, dtype: str, mesh_sizes, perturb: bool = False) -> dict:
+    cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
+    mesh = state_lib.make_mesh(*mesh_sizes)
+    spec = StepSpec(OPTIMIZER, 1, mesh)
+    tx = make_optimizer(OPTIMIZER)
+    build = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
+    model = nnx.eval_shape(build)
+    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0))
+    fp32_weight_gradients(model)
+    graphdef, params, rest = state_lib.split_model(model)
+    target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
+    state = state_lib.init_state(build, tx, 0, state_lib.state_shardings(target, mesh))
+    if perturb:  # one FP32 ulp up on a random half of the master weights
+        rng = np.random.default_rng(1)
+        state["params"] = jax.tree.map(
+            lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p),
+            state["params"])
+    shard = list(state["params"]["layers"][0]["attn"]["q_proj"]["kernel"].addressable_shards[0].data.shape)
+    losses = []
+    for batch in batches(cfg.vocab_size):
+        state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh),
+                                    jnp.float32(1))
+        losses.append(float(metrics["loss"]))
+    return {"recipe": recipe, "dtype": dtype, "mesh": list(mesh_sizes), "perturbed": perturb,
+            "losses": losses, "q_proj_shard": shard}
+
+
+def main(case: str) -> None:
+    """case: a recipe (one device, one device one ulp off, the three meshes; BF16
+    activations) or "fp32" (the BF16 recipe with FP32 activations, one device and meshes)."""
+    assert jax.device_count() == 8, jax.devices()
+    if case == "fp32":
+        plan = [("bf16", "float32", m, False) for m in ((1, 1, 1),) + MESHES]
+    else:
+        plan = [(case, "bfloat16", (1, 1, 1), False), (case, "bfloat16", (1, 1, 1), True)]
+        plan += [(case, "bfloat16", m, False) for m in MESHES]
+    for args in plan:
+        print(json.dumps(run(*args)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
