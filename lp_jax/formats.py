@@ -86,37 +86,12 @@ def _f32_from_bits(bits):
 
 
 def _rne_shift_right(m, shift):
-    """uint32 m >> shift (shift in [0, 31]), rounded to nearest, ties to even."""
-    shift = jnp.clip(shift, 0, 31).astype(jnp.uint32)
+    """uint32 m >> shift (shift in [1, 31]), rounded to nearest, ties to even."""
+    shift = jnp.clip(shift, 1, 31).astype(jnp.uint32)
     q = m >> shift
     rem = m - (q << shift)
-    half = jnp.where(shift > 0, jnp.uint32(1) << jnp.maximum(shift, 1) - 1, 0)
-    up = (shift > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
-    return q + up.astype(jnp.uint32)
-
-
-def f32_from_scaled_int(p, e):
-    """float32 (as IEEE would round it; subnormals kept as bit patterns) of p * 2^e.
-
-    p: uint32 in [0, 2^31); e: int32. The value must not overflow float32.
-    """
-    p = p.astype(jnp.uint32)
-    e = e.astype(jnp.int32)
-    nbits = 32 - lax.clz(p).astype(jnp.int32)
-    exp = nbits - 1 + e  # unbiased exponent of the value
-    # normal: a 24-bit significand (rounding may carry to 2^24: one more exponent)
-    shift = nbits - 24
-    sig = jnp.where(shift >= 0, _rne_shift_right(p, shift), p << jnp.clip(-shift, 0, 31).astype(jnp.uint32))
-    carry = sig >> 24
-    sig, exp = jnp.where(carry > 0, sig >> 1, sig), exp + carry.astype(jnp.int32)
-    normal = ((exp + 127).astype(jnp.uint32) << 23) | (sig & 0x7FFFFF)
-    # subnormal: an integer count of 2^-149 (0x800000 is the smallest normal, as it should)
-    sub_shift = -149 - e
-    sub = jnp.where(sub_shift >= 0, _rne_shift_right(p, jnp.minimum(sub_shift, 31)),
-                    p << jnp.clip(-sub_shift, 0, 31).astype(jnp.uint32))
-    sub = jnp.where(sub_shift > 31, 0, sub)
-    bits = jnp.where(exp >= -126, normal, sub)
-    return _f32_from_bits(jnp.where(p == 0, 0, bits))
+    half = jnp.uint32(1) << (shift - 1)
+    return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).astype(jnp.uint32)
 
 
 def _significand(x):
@@ -128,18 +103,26 @@ def _significand(x):
     return sig, jnp.where(biased > 0, biased - 150, -149)
 
 
+def _subnormal_from_scaled_int(p, e):
+    """The float32 bits of p * 2^e rounded to the subnormal grid (2^-149), for a value below
+    2^-126 (a result of 2^-126 comes out as the smallest normal, as IEEE rounding gives)."""
+    shift = jnp.int32(-149) - e
+    q = jnp.where(shift > 31, 0, _rne_shift_right(p.astype(jnp.uint32), shift))
+    return _f32_from_bits(jnp.where(shift <= 0, p.astype(jnp.uint32), q))
+
+
 def recip(s):
     """1/s for positive, normal, finite float32 s, rounded as IEEE even where subnormal.
 
     Above 2^126 the reciprocal is subnormal: it is computed as 2^64/s (normal), then moved
-    down 64 binades on the integer bits. (This rounds twice; the two roundings can only
-    disagree when 2^64/s lies within an ulp of a tie on the coarser subnormal grid.)
+    down 64 binades on its integer significand. (This rounds twice; the two roundings can
+    only disagree when 2^64/s lies within an ulp of a tie on the coarser subnormal grid.)
     """
     s = s.astype(jnp.float32)
     big = s > _TWO_126
     scaled = jnp.float32(1) / jnp.where(big, s * _TWO_M64, s)
     sig, exp = _significand(scaled)
-    return jnp.where(big, f32_from_scaled_int(sig, exp - 64), scaled)
+    return jnp.where(big, _subnormal_from_scaled_int(sig, exp - 64), scaled)
 
 
 def mul(x, s):
@@ -159,18 +142,19 @@ def nvfp4_encode_factor(s_b, s_dec):
     """enc_b = min(1 / (s_b * S_dec), FLT_MAX), exact even where the product is subnormal.
 
     s_b: float32 values of E4M3 block scales (4 significant bits); s_dec: float32, maybe a
-    subnormal bit pattern. A subnormal product is formed on integers (4 x 24 bits) and
-    rounded to the 2^-149 grid; its reciprocal is taken 64 binades up and scaled back.
+    subnormal bit pattern. A normal product comes from ``mul``; a subnormal one is formed on
+    integers (4 x 24 bits) and rounded to the 2^-149 grid; its reciprocal is taken 64
+    binades up and scaled back (overflowing to inf, then clamped, as IEEE would).
     """
     s_b = s_b.astype(jnp.float32)
+    p_normal = mul(s_b, s_dec)
     sig_b, exp_b = _significand(s_b)
     sig_d, exp_d = _significand(s_dec)
-    p = f32_from_scaled_int((sig_b >> 20) * sig_d, exp_b + 20 + exp_d)
-    sig_p, _ = _significand(p)
-    small = p < _MIN_NORMAL  # subnormal product (or zero)
-    up = sig_p.astype(jnp.float32) * np.float32(2.0**-85)  # p * 2^64, normal
+    p_sub = _subnormal_from_scaled_int((sig_b >> 20) * sig_d, exp_b + 20 + exp_d)
+    small = p_normal < _MIN_NORMAL  # the product is subnormal (or zero)
+    up = (f32_bits(p_sub) & 0xFFFFFF).astype(jnp.float32) * np.float32(2.0**-85)  # p * 2^64
     enc_small = (jnp.float32(1) / up) * np.float32(2.0**32) * np.float32(2.0**32)  # inf if > max
-    enc = jnp.where(small, enc_small, jnp.float32(1) / p)
+    enc = jnp.where(small, enc_small, jnp.float32(1) / p_normal)
     return jnp.minimum(enc, jnp.float32(FLT_MAX))
 
 
@@ -223,12 +207,14 @@ def _fmix32(h):
 def uniform_from_counter(key, shape):
     """Uniform [0, 1) float32 noise (24 bits) for stochastic rounding, from a JAX key.
 
-    Two 32-bit seeds come from ``key`` (threefry); each element's bits are a hash of its
-    index and the seeds, as TE's kernels derive per-thread bits from a seed and an offset.
-    This is elementwise integer work that fuses into the quantization kernel: drawing the
-    same amount of threefry output costs several times the whole quantization on CPU.
+    The two 32-bit seeds are the key's own data (a key from ``fold_in`` is already a
+    threefry output, and lp_jax derives one per call site and operand); each element's bits
+    are a hash of its index and the seeds, as TE's kernels derive per-thread bits from a
+    seed and an offset. This is elementwise integer work that fuses into the quantization
+    kernel: drawing the same amount of threefry output costs several times the whole
+    quantization on CPU.
     """
-    seed = jax.random.bits(key, (2,), jnp.uint32)
+    seed = jax.random.key_data(key).reshape(-1)[-2:].astype(jnp.uint32)
     n = int(np.prod(shape)) if shape else 1
     idx = lax.iota(jnp.uint32, n).reshape(shape)
     h = _fmix32(_fmix32(idx * jnp.uint32(0x9E3779B9) + seed[0]) ^ seed[1])
