@@ -75,8 +75,12 @@ def nvfp4_tensor_scale(amax):
 
 
 def abs_max(x, axis=None, keepdims=False):
-    """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN)."""
-    return jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axis, keepdims=keepdims)
+    """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN), as float32.
+
+    Taken in x's own dtype (a max picks an element, so it is exact), which spares a
+    materialized float32 copy of a bf16 tensor.
+    """
+    return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims).astype(jnp.float32)
 
 
 # --------------------------------------------------------------------------- block kernels
@@ -84,10 +88,9 @@ def abs_max(x, axis=None, keepdims=False):
 
 def quantize_per_tensor(x, dtype, amax=None):
     """Returns (data, scale_inv). ``amax`` may be given (e.g. reduced across shards)."""
-    x = x.astype(jnp.float32)
     amax = abs_max(x) if amax is None else amax
     scale = tensor_scale_fp8(amax, F.max_of(dtype))
-    return F.cast_satfinite(x * scale, dtype), F.recip(scale)
+    return F.cast_satfinite(x.astype(jnp.float32) * scale, dtype), F.recip(scale)
 
 
 def mxfp8_blocks(xb, scale_rule="rceil"):
@@ -206,7 +209,7 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     x = jnp.asarray(x)
     ndim = x.ndim
     axis = axis % ndim if ndim else 0
-    xf = x.astype(jnp.float32)
+    xf = x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)  # kernels upcast in-fusion
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.E4M3 if fmt == "fp8_e4m3" else F.E5M2)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
