@@ -5,8 +5,11 @@
 A 2-layer tiny Llama, 5 steps of 8 x 32 mock tokens, with the trainer's own pieces (the
 partitioning rules, the jitted step with its in/out shardings, the LM-head FP32 GEMM),
 every Linear in the recipe (F0L0), for each recipe on one device, on meshes (data, fsdp,
-tensor) = (8,1,1), (2,4,1), (2,2,2), and once more on one device with the initial master
-weights moved by one FP32 ulp (how far FP32 rounding alone moves this trajectory). Also the
+tensor) = (8,1,1), (2,4,1), (2,2,2), and twice more on one device as yardsticks of how far
+rounding alone moves this trajectory: with the initial master weights moved by one FP32
+ulp ("ulp"), and with each batch's rows in reverse order ("reversed": the same
+mathematical step, every sum over the batch taken in another order, and for NVFP4 other
+stochastic-rounding draws for the gradients, whose noise is indexed by position). Also the
 BF16 recipe with FP32 activations (model.dtype=float32), where no BF16 or FP8 rounding
 decision can flip. The micro-batch is the whole batch everywhere (no accumulation), so
 the runs differ only in how the work is split. Prints one JSON line per run.
@@ -43,7 +46,7 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def run(recipe: str, dtype: str, mesh_sizes, perturb: bool = False) -> dict:
+def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
     mesh = state_lib.make_mesh(*mesh_sizes)
     spec = StepSpec(OPTIMIZER, 1, mesh)
@@ -55,7 +58,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: bool = False) -> dict:
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build, tx, 0, state_lib.state_shardings(target, mesh))
-    if perturb:  # one FP32 ulp up on a random half of the master weights
+    if perturb == "ulp":  # one FP32 ulp up on a random half of the master weights
         rng = np.random.default_rng(1)
         state["params"] = jax.tree.map(
             lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p),
@@ -63,6 +66,8 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: bool = False) -> dict:
     shard = list(state["params"]["layers"][0]["attn"]["q_proj"]["kernel"].addressable_shards[0].data.shape)
     losses = []
     for batch in batches(cfg.vocab_size):
+        if perturb == "reversed":  # the same examples, rows in the opposite order
+            batch = {k: v[::-1].copy() for k, v in batch.items()}
         state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh),
                                     jnp.float32(1))
         losses.append(float(metrics["loss"]))
@@ -75,10 +80,10 @@ def main(case: str) -> None:
     activations) or "fp32" (the BF16 recipe with FP32 activations, one device and meshes)."""
     assert jax.device_count() == 8, jax.devices()
     if case == "fp32":
-        plan = [("bf16", "float32", m, False) for m in ((1, 1, 1),) + MESHES]
+        plan = [("bf16", "float32", m, "") for m in ((1, 1, 1),) + MESHES]
     else:
-        plan = [(case, "bfloat16", (1, 1, 1), False), (case, "bfloat16", (1, 1, 1), True)]
-        plan += [(case, "bfloat16", m, False) for m in MESHES]
+        plan = [(case, "bfloat16", (1, 1, 1), p) for p in ("", "ulp", "reversed")]
+        plan += [(case, "bfloat16", m, "") for m in MESHES]
     for args in plan:
         print(json.dumps(run(*args)), flush=True)
 

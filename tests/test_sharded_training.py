@@ -9,14 +9,17 @@ on meshes (data, fsdp, tensor) = (8,1,1), (2,4,1), (2,2,2). What must hold, and 
   steps 1 and 2 see the initial weights): forward, backward, the global amax of FP8-CS and
   NVFP4, whole quantization blocks per shard, the gradient collectives (measured <= 1.2e-6).
 - After updates, a weight gradient summed in another order (an FP32 all-reduce instead of
-  one GEMM) differs in its last bits; once a master weight differs, its BF16 cast or its
-  FP8/FP4 code can round the other way, and the trajectories drift apart at the rate at
-  which any FP32-level perturbation drifts them. Measured after the first update, mesh
-  (8,1,1): 15 of 393,216 layer-weight BF16 casts differ; the same run with its initial
-  weights moved by one FP32 ulp differs in 5,841. So the bar for steps 3-5 is that very
-  run: a sharded run may not drift further than 10x the one-ulp run does (measured: 0.5x
-  to 3x; BF16 2.1e-5 vs 1.0e-5, FP8-CS 1.0e-4 vs 5.2e-5, MXFP8 5.8e-5 vs 6.2e-5, NVFP4
-  2.1e-4 vs 7.1e-5). docs/scaling.md has the full table.
+  one GEMM) differs in its last bits; Adam normalizes tiny gradient differences into
+  whole steps, and once a master weight differs its BF16 cast or its FP8/FP4 code can
+  round the other way: the trajectories drift apart at the rate at which any
+  rounding-level perturbation drifts them. The bar for steps 3-5 is two one-device runs:
+  initial weights moved by one FP32 ulp, and each batch's rows reversed (sums in another
+  order; for NVFP4 also other stochastic-rounding draws). A sharded run may not drift
+  further than 10x the larger of the two. Neither yardstick alone fits every recipe:
+  NVFP4's forward absorbs a one-ulp weight change entirely (its losses stay bit-equal),
+  while reversing rows barely moves the non-stochastic recipes. Measured drift, sharded
+  vs yardstick: BF16 2.1e-5 vs 1.0e-5, FP8-CS 1.0e-4 vs 5.2e-5, MXFP8 5.8e-5 vs 6.2e-5,
+  NVFP4 1.2e-4 vs 4.4e-4. docs/scaling.md has the full table.
 
 One subprocess per recipe (JAX fixes the device count at start), so xdist spreads them.
 """
@@ -44,7 +47,7 @@ def _runs(case: str) -> dict:
     return {(tuple(r["mesh"]), r["perturbed"]): r for r in runs}
 
 
-def _rel(runs, key, ref_key=(ONE, False)):
+def _rel(runs, key, ref_key=(ONE, "")):
     got, ref = np.array(runs[key]["losses"]), np.array(runs[ref_key]["losses"])
     return np.abs(got - ref) / np.abs(ref)
 
@@ -53,7 +56,7 @@ def _rel(runs, key, ref_key=(ONE, False)):
 def test_fp32_activations_match_one_device_to_1e5_for_all_steps():
     runs = _runs("fp32")
     for mesh in MESHES:
-        rel = _rel(runs, (mesh, False))
+        rel = _rel(runs, (mesh, ""))
         assert rel.max() <= 1e-5, (mesh, rel)
 
 
@@ -62,13 +65,14 @@ def test_fp32_activations_match_one_device_to_1e5_for_all_steps():
 def test_recipe_on_meshes_matches_one_device(recipe):
     runs = _runs(recipe)
     # The meshes really shard: q_proj's kernel [128, 128] has embed on fsdp, heads on tensor.
-    shards = {m: runs[(m, False)]["q_proj_shard"] for m in MESHES}
+    shards = {m: runs[(m, "")]["q_proj_shard"] for m in MESHES}
     assert shards == {(8, 1, 1): [128, 128], (2, 4, 1): [32, 128], (2, 2, 2): [64, 64]}
-    one_ulp = _rel(runs, (ONE, True)).max()
-    assert 0 < one_ulp < 1e-3, one_ulp  # the perturbation is felt, and stays small
+    yardsticks = {p: _rel(runs, (ONE, p)).max() for p in ("ulp", "reversed")}
+    drift = max(yardsticks.values())
+    assert 0 < drift < 1e-3, yardsticks  # rounding alone is felt, and stays small
     for mesh in MESHES:
-        rel = _rel(runs, (mesh, False))
+        rel = _rel(runs, (mesh, ""))
         # Until the weights first change, only FP32 summation order differs.
         assert rel[:2].max() <= 1e-5, (mesh, rel)
-        # Afterwards, no further from one device than one FP32 ulp of weights takes it.
-        assert rel.max() <= max(1e-5, 10 * one_ulp), (mesh, rel, one_ulp)
+        # Afterwards, no further from one device than rounding alone takes it.
+        assert rel.max() <= max(1e-5, 10 * drift), (mesh, rel, yardsticks)
