@@ -149,7 +149,8 @@ def test_study_trains_resumes_reuses_and_reports_a_crashed_run(tmp_path, token_c
     # FP8 keeps 1-byte linear inputs where BF16 keeps 2; everything else is the same.
     assert fp8["memory_bytes"]["linear_inputs"] < bf16["memory_bytes"]["linear_inputs"]
     assert fp8["memory_bytes"]["optimizer_moments"] == bf16["memory_bytes"]["optimizer_moments"]
-    assert fp8["memory_bytes"]["quantized_linears"] == 7 and bf16["memory_bytes"]["quantized_linears"] == 0
+    assert fp8["memory_bytes"]["quantized_linears"] == fp8["memory_bytes"]["linears"] == 7
+    assert bf16["memory_bytes"]["quantized_linears"] == 0
     report = (out / "report.md").read_text()
     assert "![Loss by training precision](loss_precisions.png)" in report
     assert f"| FP8-CS F0L0 | {fp8['throughput']['tokens_per_sec']:,.0f} |" in report
@@ -175,5 +176,5 @@ def test_study_trains_resumes_reuses_and_reports_a_crashed_run(tmp_path, token_c
     report = (out / "report.md").read_text()
     assert "## Problems" in report and "**MXFP8 F0L0**: training failed (exit status 1)" in report
     assert "step 6: loss nan" in crashed["message"]
-    assert f"| BF16 | - | 0/8 | reused, step 8/8 | {bf16['final_val_loss']:.4f} |" in report
+    assert f"| BF16 | - | 0/7 | reused, step 8/8 | {bf16['final_val_loss']:.4f} |" in report
     assert math.isfinite(third["runs"]["fp8_cs_f0l0"]["final_val_loss"])

@@ -142,7 +142,8 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
            "micro_batch": config.data.micro_batch_size, "seq_len": config.data.seq_len,
            # A BF16 recipe also routes Linears through lp_jax's dot_general: none is quantized.
            "quantized_linears": len(swap.quantized) if plan.phases[0].recipe.quantized else 0,
-           "linears": len(swap.quantized) + len(swap.bf16_by_policy) + len(swap.not_selected)}
+           # Linears inside transformer layers (the embedding and LM head never quantize).
+           "linears": len(swap.quantized) + len(swap.bf16_by_policy)}
     row.update(residual_breakdown(graphdef, params, rest, config.data.micro_batch_size,
                                   config.data.seq_len))
     row["other_activations"] = row["activations"] - row["linear_inputs"]

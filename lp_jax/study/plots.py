@@ -31,7 +31,8 @@ def assign_colors(runs: list[dict]) -> dict[str, str]:
 
 def loss_figure(path: str | os.PathLike, title: str, runs: list[dict], reference: dict | None,
                 tokens_per_step: int) -> None:
-    """runs: [{"name", "label", "recipe", "metrics", "failed"}]; reference: the BF16 one.
+    """runs: [{"name", "label", "recipe", "metrics", "note"}] (note: "" for a finished run,
+    else "failed" or "unfinished": drawn dashed); reference: the BF16 one of them.
 
     Training loss is smoothed (trailing mean over ~2% of the steps) so the curves and
     their gaps show trends rather than batch noise; validation loss is drawn as measured.
@@ -50,8 +51,8 @@ def loss_figure(path: str | os.PathLike, title: str, runs: list[dict], reference
         if not run["metrics"]:
             continue
         color = colors[run["name"]]
-        label = run["label"] + (" (failed)" if run.get("failed") else "")
-        style = "--" if run.get("failed") else "-"
+        label = run["label"] + (f" ({run['note']})" if run.get("note") else "")
+        style = "--" if run.get("note") else "-"
         steps, loss = curves.train_curve(run["metrics"])
         smoothed = curves.smooth(loss, window)
         axes[0, 0].plot(steps * scale, smoothed, style, color=color, lw=1.2, label=label)

@@ -94,6 +94,10 @@ def _setup_lines(entries: list[dict], options) -> list[str]:
     ]
 
 
+def _note(status) -> str:
+    return "" if status.ok else "failed" if status.state == "failed" else "unfinished"
+
+
 def _command(options) -> str:
     if options.command:
         return options.command
@@ -115,7 +119,7 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
         if group == "ablations" and not any(e["variant"].group == "ablations" for e in entries):
             continue
         runs = [{"name": e["variant"].name, "label": e["variant"].label, "metrics": e["metrics"],
-                 "recipe": e["variant"].recipe, "failed": not e["status"].ok} for e in members]
+                 "recipe": e["variant"].recipe, "note": _note(e["status"])} for e in members]
         reference = next((r for r in runs if r["name"] == REFERENCE), None)
         name = f"loss_{group}.png"
         plots.loss_figure(out / name, title, runs, reference, tokens_per_step)
