@@ -55,11 +55,13 @@ def _linear(cfg: _GemmConfig, x, w, key_data):
 def _forward(cfg, x, w, key_data):
     r = cfg.recipe
     wc = w.astype(x.dtype)  # the BF16 cast of the FP32 master: every recipe quantizes from it
-    fx = prepare(x, r.fprop_x, axis=1)
-    fw = prepare(wc, r.fprop_w, axis=0)
+    share_x, share_w = shares_bytes(r.fprop_x, r.wgrad_x), shares_bytes(r.fprop_w, r.dgrad_w)
+    # Only copies the backward keeps are stored packed; the others are decoded at once.
+    fx = prepare(x, r.fprop_x, axis=1, store=share_x)
+    fw = prepare(wc, r.fprop_w, axis=0, store=share_w)
     y = scaled_dot(fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype, cfg.native_fp8)
-    wgrad_x = fx if shares_bytes(r.fprop_x, r.wgrad_x) else prepare(x, r.wgrad_x, axis=0)
-    dgrad_w = fw if shares_bytes(r.fprop_w, r.dgrad_w) else prepare(wc, r.dgrad_w, axis=1)
+    wgrad_x = fx if share_x else prepare(x, r.wgrad_x, axis=0, store=True)
+    dgrad_w = fw if share_w else prepare(wc, r.dgrad_w, axis=1, store=True)
     return y, (wgrad_x, dgrad_w, key_data)
 
 

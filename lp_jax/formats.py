@@ -235,18 +235,51 @@ def uniform_from_counter(key, shape):
     return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
 
 
-def e2m1_stochastic(v, key):
-    """Stochastic rounding of v (already clipped to [-6, 6]) to E2M1.
+def _e2m1_from_magnitude_code(mag, v):
+    """float4_e2m1fn from a magnitude code 0..7 (float32) and the sign of v, by bits.
 
-    |v| between adjacent E2M1 values lo < hi rounds up with probability (|v|-lo)/(hi-lo);
-    the sign is kept. The E2M1 grid has spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6].
+    XLA's f32 -> f4e2m1fn convert is a slow generic routine on CPU; building the 4-bit
+    code and bitcasting it is about 2.5x faster and gives the same bits (tests compare).
     """
+    code = mag.astype(jnp.uint8) | (jnp.signbit(v).astype(jnp.uint8) << 3)
+    return lax.bitcast_convert_type(code.astype(jnp.uint4), E2M1)
+
+
+def _e2m1_code_nearest(a):
+    """Magnitude code 0..7 (as float32) of |v| = a, rounded to nearest even.
+
+    The E2M1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 have spacing 0.5 below 2 (codes 0..4),
+    1 in [2, 4) (codes 4..6) and 2 in [4, 6] (codes 6, 7); scaling by a power of two is exact
+    and jnp.round ties to even.
+    """
+    return jnp.where(a < 2, jnp.round(a * 2), jnp.where(a < 4, jnp.round(a) + 2, jnp.round(a * 0.5) + 4))
+
+
+def _e2m1_code_stochastic(a, key):
+    """Magnitude code of a = |v| rounded up with probability (a - lo) / (hi - lo)."""
+    scaled = jnp.where(a < 2, a * 2, jnp.where(a < 4, a, a * 0.5))
+    offset = jnp.where(a < 2, 0.0, jnp.where(a < 4, 2.0, 4.0))
+    lo = jnp.floor(scaled)
+    up = uniform_from_counter(key, a.shape) < scaled - lo
+    return lo + offset + up.astype(jnp.float32)
+
+
+def _e2m1_code(v, rounding, key):
     a = jnp.abs(v)
-    step = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
-    lo = jnp.floor(a / step) * step  # exact: step is a power of two
-    frac = (a - lo) / step
-    u = uniform_from_counter(key, v.shape)
-    up = jnp.minimum(lo + step, E2M1_MAX)
-    rounded = jnp.where(u < frac, up, lo)
-    rounded = jnp.where(jnp.isnan(v), v, rounded)
-    return (jnp.sign(v) * rounded).astype(E2M1)
+    return _e2m1_code_stochastic(a, key) if rounding == "stochastic" else _e2m1_code_nearest(a)
+
+
+def e2m1_round(v, rounding="nearest", key=None):
+    """v (clipped to [-6, 6]) rounded to E2M1 (nearest even, or stochastic with key)."""
+    return _e2m1_from_magnitude_code(_e2m1_code(v, rounding, key), v)
+
+
+def e2m1_round_values(v, rounding="nearest", key=None):
+    """The float32 values of ``e2m1_round(v, ...)``, computed without any fp4 convert.
+
+    Arithmetic rounding leaves XLA no f32 -> fp4 -> f32 convert pair it could fold away as
+    excess precision, so a GEMM operand built this way needs no barrier and fuses freely.
+    """
+    mag = _e2m1_code(v, rounding, key)
+    value = jnp.where(mag < 4, mag * 0.5, jnp.where(mag < 6, mag - 2, (mag - 4) * 2))
+    return jnp.where(jnp.signbit(v), -value, value)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from lp_jax import formats as F
 
+from lp_jax.gemm_values import quantized_values
 from lp_jax.hadamard import RHT_SIZE, hadamard
 from lp_jax.quantize import QuantizedTensor, block_values, quantize
 from lp_jax.recipes import OperandSpec
@@ -28,15 +30,31 @@ from lp_jax.recipes import OperandSpec
 PER_TENSOR = ("fp8_e4m3", "fp8_e5m2")
 
 
-def prepare(t, spec: OperandSpec, axis: int, key=None):
-    """Quantizes t (2-D, compute dtype) along ``axis`` as ``spec`` says; bf16 if fmt is None."""
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """An operand quantized for immediate use: its dequantized values over ``factor``."""
+
+    values: jax.Array
+    factor: jax.Array | None
+
+
+def prepare(t, spec: OperandSpec, axis: int, key=None, store=False):
+    """Quantizes t (2-D, compute dtype) along ``axis`` as ``spec`` says; t itself if fmt is None.
+
+    store=True returns a packed QuantizedTensor (what the backward keeps); otherwise the
+    decoded values for an immediate GEMM, without a packed copy (lp_jax.gemm_values).
+    """
     if spec.rht:
         t = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)
     if spec.fmt is None:
         return t
-    rounding = "stochastic" if spec.stochastic else "nearest"
-    return quantize(t, spec.fmt, axis=axis, block_2d=spec.block_2d, rounding=rounding,
-                    key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
+    kw = dict(block_2d=spec.block_2d, rounding="stochastic" if spec.stochastic else "nearest",
+              key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
+    if store or (spec.fmt in PER_TENSOR):  # FP8 bytes are needed as such by a native FP8 GEMM
+        return quantize(t, spec.fmt, axis=axis, **kw)
+    values, factor = quantized_values(t, spec.fmt, axis, **kw)
+    return Decoded(values.astype(t.dtype), factor)
 
 
 def shares_bytes(a: OperandSpec, b: OperandSpec) -> bool:
@@ -68,6 +86,8 @@ def gemm_inputs(p, compute_dtype, native_fp8=False):
     folding the f32 -> fp8 -> bf16 round trip away, which would silently skip quantization.
     With ``native_fp8`` an FP8 per-tensor operand is returned in FP8 for a native FP8 GEMM.
     """
+    if isinstance(p, Decoded):
+        return p.values.astype(compute_dtype), p.factor
     if not isinstance(p, QuantizedTensor):
         return p.astype(compute_dtype), None
     data = lax.optimization_barrier(p.data)

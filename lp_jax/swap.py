@@ -52,8 +52,8 @@ class SwapReport:
 
     def __str__(self) -> str:
         lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers: "
-                 f"{len(self.quantized)} Linears quantized, {len(self.bf16_by_policy)} kept in BF16 "
-                 f"by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
+                 f"{len(self.quantized)} Linears run {self.recipe}, {len(self.bf16_by_policy)} kept in "
+                 f"BF16 by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
                  f"{len(self.not_selected)} not selected"]
         if self.not_selected:
             lines.append("  not selected: " + ", ".join(self.not_selected))

@@ -1,0 +1,61 @@
+"""Quantize-and-decode in one pass, for GEMM operands that are never stored.
+
+An operand consumed at once by its GEMM (fprop x, the two copies of dy in the backward)
+need not exist as packed low-precision bytes: the GEMM multiplies its exact dequantized
+values. Computing those values straight from the high-precision tensor saves a pass that
+writes FP4/FP8 data and another that decodes it. Operands the backward keeps (residuals)
+still go through ``lp_jax.quantize`` and are stored packed.
+
+Each function returns (values, factor): float32 values in the shape of t, equal to the
+dequantized tensor divided by the scalar ``factor`` (None when there is none), which the
+GEMM applies to its FP32 result. The rounding is the same code as ``quantize``'s
+(tests/test_dot_general.py compares the GEMMs against quantize/dequantize).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from lp_jax import formats as F
+from lp_jax.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles, mxfp8_blocks,
+                             nvfp4_block_encoding, nvfp4_tensor_scale, quantize_per_tensor, to_blocks,
+                             to_tiles)
+
+
+def per_tensor_values(t, dtype):
+    data, scale_inv = quantize_per_tensor(t, dtype)
+    # The barrier keeps XLA on GPU from folding f32 -> fp8 -> f32 away as excess precision.
+    return lax.optimization_barrier(data).astype(jnp.float32), scale_inv
+
+
+def mxfp8_values(t, axis, scale_rule="rceil"):
+    xb = to_blocks(t.astype(jnp.float32), axis, MX_BLOCK)
+    data, code = mxfp8_blocks(xb, scale_rule)
+    data = lax.optimization_barrier(data).astype(jnp.float32)
+    k = code.astype(jnp.int32)[..., None]
+    values = jnp.where(k == 255, jnp.float32(jnp.nan), F.mul_exp2(data, k - 127))
+    return from_blocks(values, axis % t.ndim, t.shape[axis]), None
+
+
+def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
+    tf = t.astype(jnp.float32)
+    s_enc = nvfp4_tensor_scale(abs_max(tf))
+    if block_2d:
+        xt = to_tiles(tf)
+        s_b, enc = nvfp4_block_encoding(abs_max(xt, axis=(-3, -1)), s_enc)
+        q = F.e2m1_round_values(jnp.clip(xt * enc[..., :, None, :, None], -6, 6), rounding, key)
+        values = from_tiles(q * s_b.astype(jnp.float32)[..., :, None, :, None], *t.shape[-2:])
+    else:
+        xb = to_blocks(tf, axis, NVFP4_BLOCK)
+        s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=-1), s_enc)
+        q = F.e2m1_round_values(jnp.clip(xb * enc[..., None], -6, 6), rounding, key)
+        values = from_blocks(q * s_b.astype(jnp.float32)[..., None], axis % t.ndim, t.shape[axis])
+    return values, F.recip(s_enc)
+
+
+def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil"):
+    if fmt in ("fp8_e4m3", "fp8_e5m2"):
+        return per_tensor_values(t, F.E4M3 if fmt == "fp8_e4m3" else F.E5M2)
+    if fmt == "mxfp8":
+        return mxfp8_values(t, axis, scale_rule)
+    return nvfp4_values(t, axis, block_2d, rounding, key)
