@@ -146,6 +146,8 @@ def test_study_trains_resumes_reuses_and_reports_a_crashed_run(tmp_path, token_c
     assert fp8["val_gap_to_bf16"] == pytest.approx(
         (fp8["final_val_loss"] - bf16["final_val_loss"]) / bf16["final_val_loss"])
     assert fp8["final_val_loss"] != bf16["final_val_loss"]  # FP8 really trained differently
+    # Second half of 8 steps: only the validation at step 8.
+    assert fp8["late_val_gap_to_bf16"] == pytest.approx(fp8["val_gap_to_bf16"])
     # FP8 keeps 1-byte linear inputs where BF16 keeps 2; everything else is the same.
     assert fp8["memory_bytes"]["linear_inputs"] < bf16["memory_bytes"]["linear_inputs"]
     assert fp8["memory_bytes"]["optimizer_moments"] == bf16["memory_bytes"]["optimizer_moments"]
@@ -156,8 +158,9 @@ def test_study_trains_resumes_reuses_and_reports_a_crashed_run(tmp_path, token_c
     assert f"| FP8-CS F0L0 | {fp8['throughput']['tokens_per_sec']:,.0f} |" in report
     assert f"{fp8['final_val_loss']:.4f} | {100 * fp8['val_gap_to_bf16']:+.2f}%" in report
     assert (out / "loss_precisions.png").stat().st_size > 10_000
-    assert json.loads((out / "study.json").read_text())["runs"]["bf16"]["final_val_loss"] == \
-        bf16["final_val_loss"]
+    text = (out / "study.json").read_text()
+    assert json.loads(text)["runs"]["bf16"]["final_val_loss"] == bf16["final_val_loss"]
+    assert f'[8,{json.dumps(bf16["final_val_loss"])}]' in text  # curve points one per line
     # 3. Again, with a third precision whose run crashes (a NaN at step 6 with
     # on_nonfinite=stop, for that run only): the finished runs are reused untouched, the
     # crash is reported, the rest of the report stays.

@@ -61,7 +61,9 @@ def table2(numbers) -> list[str]:
             "From each run's metrics.jsonl: tokens and model FLOPs (6N + 12 L H d T per token) "
             f"over the summed step time, leaving out step 1 and any step over "
             f"{throughput.COMPILE_FACTOR:g}x the median (compilations, including those of "
-            "resumed sessions).", "",
+            "resumed sessions). Runs are timed one after another: on a shared machine the "
+            "other jobs' load moves these numbers; on a CPU every format is emulated, so "
+            "the speed-ups say nothing about FP8/FP4 tensor cores.", "",
             table(["run", "tokens/s", "model TFLOP/s per device", "speed-up over BF16",
                     "mean step (ms)", "steps timed", "compile steps left out"], rows), ""]
 
