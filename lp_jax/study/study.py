@@ -131,7 +131,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
     with _TermAsInterrupt():
         for variant, config in planned:
             if interrupted:
-                statuses[variant.name] = runs.RunStatus("not run", config.steps,
+                statuses[variant.name] = runs.RunStatus("not run", config.stop_at or config.steps,
                                                         message="the study was interrupted")
                 continue
             try:
@@ -142,7 +142,8 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
                     statuses[variant.name] = runs.inspect_run(config)
             except (KeyboardInterrupt, runs.StudyInterrupted) as e:
                 interrupted = str(e) or "interrupted"
-                statuses[variant.name] = runs.RunStatus("interrupted", config.steps,
+                statuses[variant.name] = runs.RunStatus("interrupted",
+                                                        config.stop_at or config.steps,
                                                         message=interrupted)
             if statuses[variant.name].state == "conflict":
                 say(f"[{variant.name}] {statuses[variant.name].message}")
