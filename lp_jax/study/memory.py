@@ -13,7 +13,7 @@ Method (the report repeats it):
   Activations are split into the linear layers' saved GEMM inputs (what lp_jax's
   dot_general keeps: BF16 for BF16 layers, FP8/FP4 bytes and scales for quantized ones)
   and the rest (norms, attention, SwiGLU, loss). Sub-byte types count at their width
-  (FP4: 4 bits, as packed on a GPU; XLA on CPU stores a byte per element).
+  (FP4: 4 bits; XLA packs two per byte, on CPU as on a GPU).
 - Cross-check: XLA's `memory_analysis()` of the compiled train step (temp buffers:
   activations, gradients and quantized copies after XLA's fusion and scheduling).
   These residuals are JAX's list before XLA optimizes; XLA may fuse or recompute some.

@@ -28,7 +28,7 @@ MEMORY_METHOD = (
     "inputs' are the activations saved by lp_jax's dot_general (BF16 in BF16 layers, "
     "quantized bytes plus scales in quantized ones); the rest are norms, attention "
     "probabilities, SwiGLU and loss intermediates, which every recipe keeps in BF16/FP32. "
-    "FP4 counts 4 bits per value (packed, as on a GPU; XLA on CPU stores a byte). Activation "
+    "FP4 counts 4 bits per value (XLA packs two per byte, on CPU as on a GPU). Activation "
     "bytes are per micro-batch and device. 'Total' adds the columns left of it (linear "
     "inputs once). JAX's list is taken before XLA optimizes; XLA may fuse or recompute some "
     "residuals, so the last column gives XLA's own `memory_analysis()` temp buffers of the "

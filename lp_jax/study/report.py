@@ -11,7 +11,8 @@ from lp_jax.study.tables import fmt as _fmt, pct as _pct, table as _table
 from lp_jax.study.tables import table1, table2, table3
 from lp_jax.study.variants import REFERENCE
 
-# The targets for the final validation loss against BF16 (default policies).
+# The targets for the final validation loss against BF16 (default policies): a
+# cap on how much worse than BF16 a precision may end; ending lower than BF16 meets them.
 TARGETS = {"fp8_cs": 0.01, "mxfp8": 0.01, "nvfp4": 0.03}
 CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
 
@@ -194,7 +195,7 @@ def _markdown(entries, numbers, figures, options, interrupted) -> str:
         target = TARGETS.get(n["recipe"]) if n["group"] == "precisions" and \
             n["recipe"] == name else None
         verdict = "-" if target is None or n["val_gap_to_bf16"] is None else (
-            f"{'met' if n['val_gap_to_bf16'] <= target else 'missed'} (<= {100 * target:.0f}%)")
+            f"{'met' if n['val_gap_to_bf16'] <= target else 'missed'} (gap <= +{100 * target:.0f}%)")
         rows.append([n["label"], n["policy"], _quantized(n), _status(n),
                      _fmt(n["final_val_loss"]), _pct(n["val_gap_to_bf16"]),
                      _pct(n["late_val_gap_to_bf16"]), _fmt(n["final_train_loss"]),
