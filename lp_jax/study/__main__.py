@@ -1,0 +1,7 @@
+"""`python -m lp_jax.study`: see lp_jax/study/cli.py."""
+import sys
+
+from lp_jax.study.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

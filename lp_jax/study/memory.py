@@ -1,0 +1,153 @@
+"""Table 3: memory per component of a run's train step, per precision, without running it.
+
+Method (the report repeats it):
+- Master weights, gradients, optimizer moments: bytes of the abstract train state the
+  trainer builds (`nnx.eval_shape` of the model, `optax` state from `jax.eval_shape`):
+  FP32 parameters, one FP32 gradient of each, Adam's m and v (and its step counts).
+- What the backward keeps: the residuals that JAX saves between the forward and the
+  backward of one micro-batch (`jax.ad_checkpoint.print_saved_residuals`' list, the
+  trainer's own forward with the run's recipe, remat and layer policy). A residual whose
+  size changes when the micro-batch doubles is an activation; one that does not is a
+  compute copy of a parameter (its BF16 cast, or its quantized bytes and scales); a
+  residual that is a function argument aliases the master weights and costs nothing more.
+  Activations are split into the linear layers' saved GEMM inputs (what lp_jax's
+  dot_general keeps: BF16 for BF16 layers, FP8/FP4 bytes and scales for quantized ones)
+  and the rest (norms, attention, SwiGLU, loss). Sub-byte types count at their width
+  (FP4: 4 bits; XLA packs two per byte, on CPU as on a GPU).
+- Cross-check: XLA's `memory_analysis()` of the compiled train step (temp buffers:
+  activations, gradients and quantized copies after XLA's fusion and scheduling).
+  These residuals are JAX's list before XLA optimizes; XLA may fuse or recompute some.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lp_jax.training.config import TrainConfig
+
+
+def dtype_bits(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+        return int(np.prod(data.shape)) * data.dtype.itemsize * 8
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return 8
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits
+    return dtype.itemsize * 8
+
+
+def nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype_bits(dtype) // 8
+
+
+def tree_bytes(tree) -> int:
+    return sum(nbytes(x.shape, x.dtype) for x in jax.tree.leaves(tree))
+
+
+def _micro_batch(batch: int, seq_len: int) -> dict:
+    ints = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    return {"tokens": ints, "targets": ints, "segment_ids": ints, "positions": ints,
+            "loss_mask": jax.ShapeDtypeStruct((batch, seq_len), jnp.bool_)}
+
+
+def _residuals(graphdef, params, rest, batch: int, seq_len: int) -> list[tuple]:
+    from jax._src.ad_checkpoint import saved_residuals  # what print_saved_residuals prints
+
+    # The trainer's own micro-batch forward (same model call, recipe and loss).
+    from lp_jax.training.step import _forward_nll
+
+    def loss(p, micro, key):
+        return _forward_nll(graphdef, p, rest, micro, key)[0]
+
+    return saved_residuals(loss, params, _micro_batch(batch, seq_len), jax.random.key(0))
+
+
+def _is_linear_input(source: str) -> bool:
+    """Saved by lp_jax's dot_general / quantizers (not by the model or the loss)."""
+    path = source.replace("\\", "/")
+    return "/lp_jax/" in path and "/lp_jax/training/" not in path
+
+
+def residual_breakdown(graphdef, params, rest, micro_batch: int, seq_len: int) -> dict:
+    small = _residuals(graphdef, params, rest, micro_batch, seq_len)
+    large = _residuals(graphdef, params, rest, 2 * micro_batch, seq_len)
+    out = {"activations": 0, "linear_inputs": 0, "parameter_copies": 0, "aliased_arguments": 0}
+    # The two traces run the same program, so residual i is the same value in both; if
+    # they ever differ in length, every non-argument residual counts as an activation.
+    aligned = len(small) == len(large)
+    for i, (aval, source) in enumerate(small):
+        size = nbytes(aval.shape, aval.dtype)
+        if source.startswith("from the argument"):
+            out["aliased_arguments"] += size
+        elif aligned and tuple(large[i][0].shape) == tuple(aval.shape):
+            out["parameter_copies"] += size
+        else:
+            out["activations"] += size
+            if _is_linear_input(source):
+                out["linear_inputs"] += size
+    out["residuals_aligned"] = aligned
+    return out
+
+
+def xla_step_memory(plan, graphdef, state, mesh) -> dict:
+    """memory_analysis() of the compiled train step, compiled exactly as the trainer does."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from lp_jax.training.checkpoint import abstract_like
+    from lp_jax.training.optimizer import OptimizerSpec
+    from lp_jax.training.state import BATCH_AXES, state_shardings
+    from lp_jax.training.step import StepSpec, train_step
+
+    cfg = plan.config
+    spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
+    abstract = abstract_like(state, state_shardings(state, mesh))
+    sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+    per_pass = cfg.data.global_batch_size // plan.accum_steps
+    batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=sharding)
+             for k, v in _micro_batch(per_pass, cfg.data.seq_len).items()}
+    compiled = train_step.lower(graphdef, spec, abstract, batch, jnp.float32(1.0)).compile()
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return {}
+    return {"xla_temp": int(analysis.temp_size_in_bytes),
+            "xla_arguments": int(analysis.argument_size_in_bytes),
+            "xla_outputs": int(analysis.output_size_in_bytes),
+            "xla_aliased": int(analysis.alias_size_in_bytes)}
+
+
+def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
+    """Bytes per component for one run config (nothing is allocated; `xla` compiles)."""
+    from flax import nnx
+    from models import llama
+
+    import lp_jax
+    from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
+    from lp_jax.training.state import abstract_state, make_mesh, split_model
+    from lp_jax.training.validate import resolve
+
+    plan = resolve(config)
+    model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(config.seed)))
+    swap = lp_jax.apply_recipe(model, plan.phases[0].recipe)
+    graphdef, params, rest = split_model(model)
+    tx = make_optimizer(OptimizerSpec.from_config(config))
+    state = abstract_state((graphdef, params, rest), tx, config.seed)
+    master = tree_bytes(state["params"])
+    row = {"master_weights": master,
+           # jax.grad returns each gradient in its parameter's dtype: FP32 like the masters.
+           "gradients": master,
+           "optimizer_moments": tree_bytes(state["opt_state"]),
+           "micro_batch": config.data.micro_batch_size, "seq_len": config.data.seq_len,
+           # A BF16 recipe also routes Linears through lp_jax's dot_general: none is quantized.
+           "quantized_linears": len(swap.quantized) if plan.phases[0].recipe.quantized else 0,
+           # Linears inside transformer layers (the embedding and LM head never quantize).
+           "linears": len(swap.quantized) + len(swap.bf16_by_policy)}
+    row.update(residual_breakdown(graphdef, params, rest, config.data.micro_batch_size,
+                                  config.data.seq_len))
+    row["other_activations"] = row["activations"] - row["linear_inputs"]
+    if xla:
+        row.update(xla_step_memory(plan, graphdef, state,
+                                   make_mesh(plan.data_parallel, plan.fsdp)))
+    return row

@@ -1,0 +1,100 @@
+"""The loss figures (as the NVFP4 paper's Figures 2-4): per set of variants, training loss
+and validation loss against tokens, and below each the relative gap to BF16 in percent."""
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from lp_jax.study import curves  # noqa: E402
+
+COLORS = {"bf16": "black", "fp8_cs": "tab:blue", "mxfp8": "tab:green", "nvfp4": "tab:red"}
+EXTRA_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+
+
+def assign_colors(runs: list[dict]) -> dict[str, str]:
+    """A run named after its recipe gets the recipe's colour; another run (a policy or an
+    ablation) gets its recipe's colour if no run in the figure has it yet, else a spare."""
+    colors, used, spare = {}, set(), iter(EXTRA_COLORS * 4)
+    for run in sorted(runs, key=lambda r: r["name"] not in COLORS):
+        color = COLORS.get(run["name"]) or COLORS.get(run.get("recipe", ""))
+        if color is None or color in used:
+            color = next(spare)
+        colors[run["name"]] = color
+        used.add(color)
+    return colors
+
+
+def loss_figure(path: str | os.PathLike, title: str, runs: list[dict], reference: dict | None,
+                tokens_per_step: int) -> None:
+    """runs: [{"name", "label", "recipe", "metrics", "note"}] (note: "" for a finished run,
+    else "failed" or "unfinished": drawn dashed); reference: the BF16 one of them.
+
+    Training loss is smoothed (trailing mean over ~2% of the steps) so the curves and
+    their gaps show trends rather than batch noise; validation loss is drawn as measured.
+    """
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex="col",
+                             gridspec_kw={"height_ratios": [3, 2]})
+    scale = tokens_per_step / 1e6
+    window = max([1] + [curves.smoothing_window(len(r["metrics"])) for r in runs])
+    ref_train = ref_val = None
+    if reference is not None and reference["metrics"]:
+        s, l = curves.train_curve(reference["metrics"])
+        ref_train = (s, curves.smooth(l, window))
+        ref_val = curves.val_curve(reference["metrics"])
+    colors = assign_colors(runs)
+    for run in runs:
+        if not run["metrics"]:
+            continue
+        color = colors[run["name"]]
+        label = run["label"] + (f" ({run['note']})" if run.get("note") else "")
+        style = "--" if run.get("note") else "-"
+        steps, loss = curves.train_curve(run["metrics"])
+        smoothed = curves.smooth(loss, window)
+        axes[0, 0].plot(steps * scale, smoothed, style, color=color, lw=1.2, label=label)
+        v_steps, v_loss = curves.val_curve(run["metrics"])
+        axes[0, 1].plot(v_steps * scale, v_loss, style, color=color, marker="o", ms=3,
+                        lw=1.2, label=label)
+        if run is reference or ref_train is None:
+            continue
+        g_steps, g = curves.relative_gap(steps, smoothed, *ref_train)
+        axes[1, 0].plot(g_steps * scale, 100 * g, style, color=color, lw=1.0, label=label)
+        g_steps, g = curves.relative_gap(v_steps, v_loss, *ref_val)
+        axes[1, 1].plot(g_steps * scale, 100 * g, style, color=color, marker="o", ms=3,
+                        lw=1.0, label=label)
+    axes[0, 0].set_title("training loss" + (f" (mean over {window} steps)" if window > 1 else ""))
+    axes[0, 1].set_title("validation loss")
+    for ax in axes[0]:
+        ax.set_ylabel("loss (nats/token)")
+        ax.grid(alpha=0.3)
+        _clip_warmup(ax)
+    for ax in axes[1]:
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_ylabel("relative gap to BF16 (%)")
+        ax.set_xlabel("training tokens (millions)")
+        ax.grid(alpha=0.3)
+    axes[0, 1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _clip_warmup(ax) -> None:
+    """The first steps' losses (ln(vocab) and above) would flatten every later difference:
+    the y range starts from the lowest curve and shows a fixed band above it."""
+    lows, highs = [], []
+    for line in ax.get_lines():
+        y = np.asarray(line.get_ydata(), dtype=float)
+        y = y[np.isfinite(y)]
+        if len(y):
+            lows.append(y.min())
+            highs.append(np.percentile(y, 90))
+    if lows:
+        low = min(lows)
+        high = max(min(max(highs), low * 1.6), low * 1.05)
+        ax.set_ylim(low - 0.02 * (high - low), high)

@@ -1,0 +1,236 @@
+"""The report folder: figures, report.md with Tables 1-3, and study.json with every number."""
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+
+from lp_jax.study import curves, plots, throughput
+from lp_jax.study.tables import fmt as _fmt, pct as _pct, table as _table
+from lp_jax.study.tables import table1, table2, table3
+from lp_jax.study.variants import REFERENCE
+
+# The issue's targets for the final validation loss against BF16 (default policies): a
+# cap on how much worse than BF16 a precision may end; ending lower than BF16 meets them.
+TARGETS = {"fp8_cs": 0.01, "mxfp8": 0.01, "nvfp4": 0.03}
+CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
+
+
+def _policy(variant) -> str:
+    import lp_jax
+
+    if variant.recipe == "bf16":
+        return "-"
+    try:
+        return lp_jax.get_recipe(variant.recipe, **variant.precision).policy
+    except Exception:  # noqa: BLE001 - only a label
+        return "?"
+
+
+def _downsample(steps, values, points: int) -> list[list[float]]:
+    stride = max(1, len(steps) // points)
+    idx = list(range(len(steps) - 1, -1, -stride))[::-1]
+    return [[int(steps[i]), None if values[i] != values[i] else float(values[i])] for i in idx]
+
+
+def collect_numbers(entries: list[dict]) -> dict:
+    """study.json's per-run section: statuses, final losses and gaps, curves, Tables 1-3."""
+    ref = next((e for e in entries if e["variant"].name == REFERENCE), None)
+    nvfp4 = next((e for e in entries if e["variant"].name == "nvfp4"), None)
+
+    def gap(summary, other, key, step_key):
+        """Relative gap, only between runs that ended at the same step (a run that
+        failed half way is not compared with a finished one)."""
+        if other is None or summary[step_key] != other["summary"][step_key]:
+            return None
+        return curves.gap(summary[key], other["summary"][key])
+
+    def late_gap(entry):
+        """Mean relative gap of the validation losses measured in the second half of the
+        run: less at the mercy of one evaluation than the final gap alone."""
+        if ref is None or entry["summary"]["final_val_step"] != ref["summary"]["final_val_step"]:
+            return None
+        steps, gaps = curves.relative_gap(*curves.val_curve(entry["metrics"]),
+                                          *curves.val_curve(ref["metrics"]))
+        late = gaps[steps > entry["status"].target_step / 2]
+        return float(late.mean()) if len(late) else None
+
+    out = {}
+    for e in entries:
+        v, s, status = e["variant"], e["summary"], e["status"]
+        steps, loss = curves.train_curve(e["metrics"])
+        smoothed = curves.smooth(loss, curves.smoothing_window(len(loss)))
+        v_steps, v_loss = curves.val_curve(e["metrics"])
+        out[v.name] = {
+            "label": v.label, "group": v.group, "recipe": v.recipe, "policy": _policy(v),
+            "precision": e["config"].precision.__dict__, "run_dir": e["config"].run_dir,
+            "status": status.state, "message": status.message,
+            "target_step": status.target_step, **s,
+            "val_gap_to_bf16": gap(s, ref, "final_val_loss", "final_val_step"),
+            "train_gap_to_bf16": gap(s, ref, "final_train_loss", "last_step"),
+            "val_gap_to_nvfp4": gap(s, nvfp4, "final_val_loss", "final_val_step"),
+            "late_val_gap_to_bf16": late_gap(e),
+            "val_curve": [[int(a), float(b)] for a, b in zip(v_steps, v_loss)],
+            "train_curve_smoothed": _downsample(steps, smoothed, CURVE_POINTS),
+            "throughput": {**e["throughput"],
+                           "speedup_over_bf16": throughput.speedup(
+                               e["throughput"], ref["throughput"] if ref else None)},
+            "memory_bytes": e["memory"], "eval": _eval_summary(e["eval"]),
+            "errors": e["errors"],
+        }
+    return out
+
+
+def _tokens(count: float) -> str:
+    return f"{count / 1e6:.1f} M" if count >= 1e5 else f"{count:,.0f}"
+
+
+def _setup_lines(entries: list[dict], options) -> list[str]:
+    from models.config import count_params
+
+    from lp_jax.training.validate import resolve
+
+    config = entries[0]["config"]
+    model = resolve(config).model_config
+    tokens = config.steps * config.data.global_batch_size * config.data.seq_len
+    return [
+        f"Command: `{_command(options)}`", "",
+        f"- Model: {model.num_layers} layers, hidden {model.hidden_size}, FFN "
+        f"{model.intermediate_size}, {model.num_heads} heads ({model.num_kv_heads} KV), vocab "
+        f"{model.vocab_size}; {count_params(model) / 1e6:.2f} M parameters.",
+        f"- Data: `{config.data.source}` ({config.data.tokenizer} tokenizer), sequence "
+        f"{config.data.seq_len}, global batch {config.data.global_batch_size}, "
+        f"{config.steps} steps = {_tokens(tokens)} tokens, seed {config.seed}; every run "
+        "reads the same batches in the same order.",
+        f"- Validation: {config.logging.val_batches} fixed batch(es) every "
+        f"{config.logging.val_every} steps and at the end.",
+    ]
+
+
+def _compact_json(data, depth: int = 0) -> str:
+    """Indented JSON, except that a list of plain values ([step, loss]) stays on one line:
+    a curve takes a few hundred short lines, not a thousand one-number lines."""
+    pad, inner = " " * depth, " " * (depth + 1)
+    if isinstance(data, dict) and data:
+        items = [f"{inner}{json.dumps(str(k))}: {_compact_json(v, depth + 1)}"
+                 for k, v in data.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(data, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in data):
+        items = [inner + _compact_json(v, depth + 1) for v in data]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    if isinstance(data, (list, tuple)):
+        return "[" + ",".join(_compact_json(v) for v in data) + "]"
+    if isinstance(data, float) and not math.isfinite(data):
+        return "null"  # JSON has no NaN (a run's non-finite loss)
+    return json.dumps(data, default=str, separators=(",", ":"))
+
+
+def _eval_summary(result: dict | None) -> dict | None:
+    """Table 1's results without MMLU's 57 subjects (they stay in RUN_DIR/study_eval.json)."""
+    if not result:
+        return result
+    from lp_jax.evaluation.mmlu import SUBJECTS
+
+    subjects = {f"mmlu_{s}" for s in SUBJECTS}
+    kept = {k: v for k, v in result.get("results", {}).items() if k not in subjects}
+    return {**result, "results": kept}
+
+
+def _note(status) -> str:
+    return "" if status.ok else "failed" if status.state == "failed" else "unfinished"
+
+
+def _command(options) -> str:
+    if options.command:
+        return options.command
+    parts = ["python -m lp_jax.study", f"--config {options.config}",
+             f"--precisions {options.precisions}"] + (["--ablations"] if options.ablations else [])
+    return " ".join(parts + list(options.overrides))
+
+
+def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: str | None,
+                 seconds: float) -> dict:
+    numbers = collect_numbers(entries)
+    config = entries[0]["config"]
+    tokens_per_step = config.data.global_batch_size * config.data.seq_len
+    figures = []
+    for group, title in (("precisions", "Loss by training precision"),
+                         ("ablations", "NVFP4 ablations")):
+        members = [e for e in entries if e["variant"].group == group or
+                   (group == "ablations" and e["variant"].name in (REFERENCE, "nvfp4"))]
+        if group == "ablations" and not any(e["variant"].group == "ablations" for e in entries):
+            continue
+        runs = [{"name": e["variant"].name, "label": e["variant"].label, "metrics": e["metrics"],
+                 "recipe": e["variant"].recipe, "note": _note(e["status"])} for e in members]
+        reference = next((r for r in runs if r["name"] == REFERENCE), None)
+        name = f"loss_{group}.png"
+        plots.loss_figure(out / name, title, runs, reference, tokens_per_step)
+        figures.append((title, name))
+    summary = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(seconds, 1),
+               "command": _command(options), "precisions": options.precisions,
+               "ablations": options.ablations, "overrides": list(options.overrides),
+               "interrupted": interrupted, "reference": REFERENCE,
+               "eval_settings": {"tasks": list(options.tasks), "limit": options.limit,
+                                 "shots": options.shots},
+               "targets": TARGETS, "runs": numbers, "figures": [f for _, f in figures]}
+    (out / "study.json").write_text(_compact_json(summary) + "\n")
+    (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted))
+    return summary
+
+
+def _markdown(entries, numbers, figures, options, interrupted) -> str:
+    lines = ["# Training-precision study", ""]
+    if interrupted:
+        lines += [f"**Interrupted ({interrupted}): partial report; re-run the same command to "
+                  "resume.**", ""]
+    lines += _setup_lines(entries, options) + [""]
+    lines += ["## Final losses", "",
+              "Final validation loss at the last step; training loss averaged over the last "
+              "2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
+              "validation gap averages the gaps of every validation in the second half of "
+              "the run.", ""]
+    rows = []
+    for name, n in numbers.items():
+        target = TARGETS.get(n["recipe"]) if n["group"] == "precisions" and \
+            n["recipe"] == name else None
+        verdict = "-" if target is None or n["val_gap_to_bf16"] is None else (
+            f"{'met' if n['val_gap_to_bf16'] <= target else 'missed'} (gap <= +{100 * target:.0f}%)")
+        rows.append([n["label"], n["policy"], _quantized(n), _status(n),
+                     _fmt(n["final_val_loss"]), _pct(n["val_gap_to_bf16"]),
+                     _pct(n["late_val_gap_to_bf16"]), _fmt(n["final_train_loss"]),
+                     _pct(n["train_gap_to_bf16"]), verdict])
+    lines += [_table(["run", "policy", "quantized linears", "status", "final val loss",
+                      "gap to BF16", "mean val gap, 2nd half", "final train loss",
+                      "gap to BF16", "issue target (final val gap)"], rows), ""]
+    for title, name in figures:
+        lines += [f"![{title}]({name})", ""]
+    lines += table1(numbers, options) + table2(numbers) + table3(numbers)
+    ablations = {k: n for k, n in numbers.items() if n["group"] == "ablations" and k != "nvfp4"}
+    if ablations:
+        rows = [[n["label"], n["policy"], _status(n), _fmt(n["final_val_loss"]),
+                 _pct(n["val_gap_to_nvfp4"]), _pct(n["val_gap_to_bf16"])]
+                for n in ablations.values()]
+        lines += ["## NVFP4 ablations", "",
+                  "Each row switches one thing off the NVFP4 run (or quantizes every layer).", "",
+                  _table(["run", "policy", "status", "final val loss", "gap to NVFP4",
+                          "gap to BF16"], rows), ""]
+    problems = [(n["label"], n["message"], n["errors"]) for n in numbers.values()
+                if n["message"] or n["errors"]]
+    if problems:
+        lines += ["## Problems", ""]
+        for label, message, errors in problems:
+            for text in filter(None, [message, *(f"{k}: {v}" for k, v in errors.items())]):
+                lines.append(f"- **{label}**: {text}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _quantized(n) -> str:
+    m = n.get("memory_bytes") or {}
+    return f"{m['quantized_linears']}/{m['linears']}" if "linears" in m else "-"
+
+
+def _status(n) -> str:
+    state = {"complete": "reused", "trained": "trained"}.get(n["status"], f"**{n['status']}**")
+    return f"{state}, step {n['last_step']}/{n['target_step']}"

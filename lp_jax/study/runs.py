@@ -1,0 +1,209 @@
+"""Training the study's runs: find what each run folder already holds, then train what is
+missing in a child process (one at a time), printing progress lines from its metrics.
+
+A child process per run, not a call into the loop: a crash, a non-finite stop or an
+out-of-memory kill in one precision ends that child only, and every run starts with a
+fresh JAX (no compiled steps or buffers left over from the previous precision). The
+child is exactly `python train.py --config RUN_DIR/study_config.yaml`, so any run can be
+repeated by hand; its output goes to RUN_DIR/train.log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+import yaml
+
+from lp_jax.training.config import TrainConfig
+from lp_jax.training.config_io import dump_yaml
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIG_NAME = "study_config.yaml"
+LOG_NAME = "train.log"
+# Keys that may differ between a run folder's config and the study's without making the
+# run a different experiment (the trainer ignores the same ones on resume).
+IGNORED_KEYS = {"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar",
+                "logging.tensorboard"}
+
+
+class StudyInterrupted(Exception):
+    """SIGINT/SIGTERM reached the study: the running child was asked to save and stop."""
+
+
+@dataclasses.dataclass
+class RunStatus:
+    """What a run folder holds, and what became of training it."""
+
+    state: str  # complete | partial | new | conflict, then trained | failed | interrupted
+    target_step: int
+    checkpoint_step: int | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("complete", "trained")
+
+
+def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
+    """Committed checkpoint steps (Orbax names a finished one by its step alone)."""
+    folder = pathlib.Path(run_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut short by a killed process: what precedes it is good
+    return rows
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def config_differences(run_dir: str | os.PathLike, config: TrainConfig) -> list[str]:
+    """Dotted keys where the folder's config.yaml (written by the trainer) differs."""
+    path = pathlib.Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return []
+    saved = _flatten(yaml.safe_load(path.read_text()) or {})
+    wanted = _flatten(yaml.safe_load(dump_yaml(config)))
+    return sorted(k for k in set(saved) | set(wanted)
+                  if k not in IGNORED_KEYS and saved.get(k) != wanted.get(k))
+
+
+def inspect_run(config: TrainConfig) -> RunStatus:
+    """complete: metrics and a checkpoint at the target step (reused as is); partial: a
+    checkpoint before it (the trainer resumes); new: nothing usable yet; conflict: the
+    folder holds a run of another config (never touched)."""
+    target = config.stop_at or config.steps
+    differences = config_differences(config.run_dir, config)
+    if differences:
+        return RunStatus("conflict", target, message=(
+            f"{config.run_dir} holds a run with another config (differs in "
+            f"{', '.join(differences[:6])}); remove it or choose another --out/--runs-dir"))
+    steps = checkpoint_steps(config.run_dir)
+    latest = steps[-1] if steps else None
+    metrics = read_metrics(config.run_dir)
+    if latest is not None and latest >= target and metrics and metrics[-1].get("step") == latest:
+        return RunStatus("complete", target, latest)
+    if latest is not None:
+        return RunStatus("partial", target, latest)
+    return RunStatus("new", target)
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    # The study sets this for its own (analysis) process only; a run keeps JAX's default.
+    if env.get("LP_JAX_STUDY_SET_PREALLOCATE") == "1":
+        env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+        env.pop("LP_JAX_STUDY_SET_PREALLOCATE", None)
+    return env
+
+
+def _last_lines(path: pathlib.Path, n: int = 3) -> str:
+    if not path.is_file():
+        return ""
+    lines = [l.strip() for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    return " | ".join(lines[-n:])
+
+
+def _progress_line(name: str, metrics: list[dict], target: int, started: float,
+                   first_step: int) -> str | None:
+    if not metrics:
+        return None
+    last = metrics[-1]
+    step = int(last["step"])
+    done = step - first_step
+    elapsed = time.monotonic() - started
+    val = next((m["val_loss"] for m in reversed(metrics) if "val_loss" in m), None)
+    parts = [f"[{name}] step {step}/{target}", f"loss {_num(last.get('loss'))}"]
+    if val is not None:
+        parts.append(f"val {_num(val)}")
+    if done > 0 and elapsed > 0:
+        rate = done / elapsed
+        parts.append(f"{rate:.2f} steps/s, eta {_duration((target - step) / rate)}")
+    return ", ".join(parts)
+
+
+def _num(value) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def train(config: TrainConfig, name: str, say: Callable[[str], None] = print,
+          progress_every: float = 30.0) -> RunStatus:
+    """Trains (or resumes) one run to its target step in a child process."""
+    status = inspect_run(config)
+    if status.state in ("complete", "conflict"):
+        return status
+    run_dir = pathlib.Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / CONFIG_NAME
+    config_path.write_text(dump_yaml(config))
+    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--config", str(config_path)]
+    start_step = status.checkpoint_step or 0
+    say(f"[{name}] {'resuming from step ' + str(start_step) if start_step else 'training'} "
+        f"to step {status.target_step}: {' '.join(cmd[1:])} (log {run_dir / LOG_NAME})")
+    log = open(run_dir / LOG_NAME, "a")
+    log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} study: {' '.join(cmd)}\n")
+    log.flush()
+    # Its own session: a Ctrl-C at the terminal reaches the study only, which passes one
+    # SIGINT on (two would make the trainer stop without saving).
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env(),
+                             start_new_session=True)
+    started, last_said = time.monotonic(), None
+    try:
+        while True:
+            try:
+                rc = child.wait(timeout=progress_every)
+                break
+            except subprocess.TimeoutExpired:
+                line = _progress_line(name, read_metrics(run_dir), status.target_step,
+                                      started, start_step)
+                if line and line != last_said:
+                    say(line)
+                    last_said = line
+    except (KeyboardInterrupt, StudyInterrupted):
+        child.send_signal(signal.SIGINT)
+        rc = child.wait()
+        log.close()
+        raise StudyInterrupted(f"[{name}] interrupted; the run saved at its last step "
+                               f"(exit status {rc}); re-run the study to resume") from None
+    log.close()
+    after = inspect_run(config)
+    if rc == 0 and after.state == "complete":
+        say(f"[{name}] done in {_duration(time.monotonic() - started)}")
+        return RunStatus("trained", status.target_step, after.checkpoint_step)
+    reason = f"exit status {rc}" if rc else "ended before its target step"
+    message = f"training failed ({reason}): {_last_lines(run_dir / LOG_NAME)}"
+    say(f"[{name}] {message}")
+    return RunStatus("failed", status.target_step, after.checkpoint_step, message)
+

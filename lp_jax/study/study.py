@@ -1,0 +1,187 @@
+"""The study: train (or collect) one run per precision, then analyse and report.
+
+    from lp_jax.study import StudyOptions, run_study
+    summary = run_study(StudyOptions("configs/study_tiny.yaml", ablations=True))
+
+Order matters on an accelerator: every run trains in its own child process first, and
+only then does this process compile anything (memory analysis) or load checkpoints
+(evaluation), so it never holds device memory while a run trains.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import time
+from typing import Callable
+
+from lp_jax.study import curves, downstream, memory, runs, throughput
+from lp_jax.study.report import write_report
+from lp_jax.study.variants import (DEFAULT_PRECISIONS, Variant, ablation_variants,
+                                   nvfp4_reference, parse_precisions, variant_config)
+from lp_jax.training.api import load
+from lp_jax.training.config_io import ConfigError, apply_overrides
+
+
+@dataclasses.dataclass
+class StudyOptions:
+    config: str | None  # YAML run config (None: the trainer's defaults)
+    # Dotted key=value, applied to every run; NAME:key=value only to run NAME (nvfp4,
+    # fp8_cs, nvfp4_no_rht, ...), e.g. nvfp4:data.micro_batch_size=4 as in the NVFP4 paper.
+    overrides: tuple[str, ...] = ()
+    precisions: str = DEFAULT_PRECISIONS
+    ablations: bool = False  # add the NVFP4 ablation runs
+    out: str | None = None  # report folder (default runs/study/<config name>)
+    runs_dir: str | None = None  # run folders (default <out>/runs)
+    tasks: tuple[str, ...] = downstream.DEFAULT_TASKS  # () skips Table 1
+    limit: int | None = downstream.DEFAULT_LIMIT
+    shots: int = 0
+    xla_memory: bool = True  # compile each train step for memory_analysis()
+    train: bool = True  # False: report on what the run folders hold, train nothing
+    progress_every: float = 30.0  # seconds between progress lines
+    command: str | None = None  # the command line, for the report (None: rebuilt from these)
+
+
+def report_dir(options: StudyOptions) -> pathlib.Path:
+    if options.out:
+        return pathlib.Path(options.out)
+    name = pathlib.Path(options.config).stem if options.config else "default"
+    return pathlib.Path("runs") / "study" / name
+
+
+def plan_variants(options: StudyOptions) -> list[tuple[Variant, object]]:
+    """(variant, its TrainConfig) for every run; config errors raise before any training."""
+    from lp_jax.training.validate import resolve
+
+    common, own = split_overrides(options.overrides)
+    base = load(options.config, *common)
+    variants = parse_precisions(options.precisions)
+    if options.ablations:
+        variants += nvfp4_reference(variants) + ablation_variants(variants)
+    unknown = sorted(set(own) - {v.name for v in variants})
+    if unknown:
+        raise ConfigError(f"override for {unknown[0]!r}, which is not a run of this study "
+                          f"(runs: {', '.join(v.name for v in variants)})")
+    runs_dir = pathlib.Path(options.runs_dir) if options.runs_dir else report_dir(options) / "runs"
+    planned = []
+    for variant in variants:
+        try:
+            config = variant_config(base, variant, str(runs_dir / variant.name))
+            config = apply_overrides(config, own.get(variant.name, []))
+            plan = resolve(config)
+        except ConfigError as e:
+            raise ConfigError(f"precision {variant.name}: {e}") from None
+        recipe, layers = plan.phases[0].recipe, plan.model_config.num_layers
+        if recipe.quantized and recipe.first_bf16_layers + recipe.last_bf16_layers >= layers:
+            # The trainer allows it (with a warning); in a study it would be a BF16 run
+            # under another name.
+            raise ConfigError(
+                f"precision {variant.name}: layer policy {recipe.policy} keeps all {layers} "
+                f"layers in BF16, so nothing would be quantized; give a policy that fits, "
+                f"e.g. {variant.recipe}:F0L1")
+        planned.append((variant, config))
+    return planned
+
+
+def split_overrides(items) -> tuple[list[str], dict[str, list[str]]]:
+    """(overrides for every run, {run name: its own overrides}) from key=value and
+    NAME:key=value items (a colon before the '=' names the run)."""
+    common, own = [], {}
+    for item in items:
+        key = item.partition("=")[0]
+        if ":" in key:
+            name, _, rest = item.partition(":")
+            own.setdefault(name.strip(), []).append(rest)
+        else:
+            common.append(item)
+    return common, own
+
+
+class _TermAsInterrupt:
+    """SIGTERM stops the study as Ctrl-C does: the running child saves, the report is
+    written from what exists."""
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._raise)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise runs.StudyInterrupted("SIGTERM")
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict:
+    """Trains what is missing, writes the report folder, returns the study's numbers."""
+    started = time.time()
+    planned = plan_variants(options)
+    out = report_dir(options)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"study: {len(planned)} runs ({', '.join(v.name for v, _ in planned)}); "
+        f"report in {out}")
+    statuses: dict[str, runs.RunStatus] = {}
+    interrupted = None
+    with _TermAsInterrupt():
+        for variant, config in planned:
+            if interrupted:
+                statuses[variant.name] = runs.RunStatus("not run", config.stop_at or config.steps,
+                                                        message="the study was interrupted")
+                continue
+            try:
+                if options.train:
+                    statuses[variant.name] = runs.train(config, variant.name, say,
+                                                        options.progress_every)
+                else:
+                    statuses[variant.name] = runs.inspect_run(config)
+            except (KeyboardInterrupt, runs.StudyInterrupted) as e:
+                interrupted = str(e) or "interrupted"
+                statuses[variant.name] = runs.RunStatus("interrupted",
+                                                        config.stop_at or config.steps,
+                                                        message=interrupted)
+            if statuses[variant.name].state == "conflict":
+                say(f"[{variant.name}] {statuses[variant.name].message}")
+            elif statuses[variant.name].state == "complete":
+                say(f"[{variant.name}] reusing the finished run in {config.run_dir}")
+    entries = [_analyse(variant, config, statuses[variant.name], options, say,
+                        heavy=interrupted is None) for variant, config in planned]
+    summary = write_report(out, entries, options, interrupted,
+                           seconds=time.time() - started)
+    say(f"study: report written to {out / 'report.md'}")
+    if interrupted:
+        raise runs.StudyInterrupted(interrupted)
+    return summary
+
+
+def _analyse(variant: Variant, config, status: runs.RunStatus, options: StudyOptions,
+             say: Callable[[str], None], heavy: bool) -> dict:
+    """Everything the report says about one run; a failure in any part is recorded."""
+    metrics = runs.read_metrics(config.run_dir) if os.path.isdir(config.run_dir) else []
+    entry = {"variant": variant, "config": config, "status": status, "metrics": metrics,
+             "summary": curves.summarize(metrics, status.target_step),
+             "throughput": throughput.throughput(metrics), "memory": None, "eval": None,
+             "errors": {}}
+    if not heavy:
+        return entry
+    try:
+        say(f"[{variant.name}] memory analysis" + (" (compiling the train step)"
+                                                   if options.xla_memory else ""))
+        entry["memory"] = memory.memory_table_row(config, xla=options.xla_memory)
+    except Exception as e:  # noqa: BLE001 - one run's analysis must not lose the others
+        entry["errors"]["memory"] = f"{type(e).__name__}: {e}"
+        say(f"[{variant.name}] memory analysis failed: {entry['errors']['memory']}")
+    if options.tasks and status.ok and runs.checkpoint_steps(config.run_dir):
+        try:
+            say(f"[{variant.name}] evaluating {','.join(options.tasks)} (limit {options.limit})")
+            entry["eval"] = downstream.evaluate_run(config.run_dir, list(options.tasks),
+                                                    options.limit, options.shots)
+        except Exception as e:  # noqa: BLE001
+            entry["errors"]["eval"] = f"{type(e).__name__}: {e}"
+            say(f"[{variant.name}] evaluation failed: {entry['errors']['eval']}")
+    return entry

@@ -1,0 +1,111 @@
+"""What a study trains: one variant per precision (and per NVFP4 ablation), each the same
+run config with only the precision section and the run folder changed.
+
+A precision is named as the trainer names recipes (`bf16`, `fp8_cs`, `mxfp8`, `nvfp4`),
+optionally with a layer policy: `nvfp4:F0L1` keeps the last layer in BF16 instead of the
+recipe's default (useful for models shallower than NVFP4's default F0L4 needs). Each
+variant starts from the recipe's defaults, never from the base config's precision section:
+the study compares recipes as shipped, and the ablations switch one thing off at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from lp_jax.training.config import PrecisionConfig, TrainConfig
+from lp_jax.training.config_io import ConfigError
+
+RECIPES = ("bf16", "fp8_cs", "mxfp8", "nvfp4")
+DEFAULT_PRECISIONS = ",".join(RECIPES)
+REFERENCE = "bf16"  # gaps and speed-ups are relative to it
+LABELS = {"bf16": "BF16", "fp8_cs": "FP8-CS", "mxfp8": "MXFP8", "nvfp4": "NVFP4"}
+POLICY = re.compile(r"^F(\d+)L(\d+)$", re.IGNORECASE)
+
+# NVFP4 ablations: (name suffix, label, precision overrides on top of the NVFP4 variant).
+ABLATIONS = (
+    ("f0l0", "NVFP4 F0L0 (all layers)", {"first_bf16_layers": 0, "last_bf16_layers": 0}),
+    ("no_rht", "NVFP4 without RHT", {"disable_rht": True}),
+    ("no_sr", "NVFP4 without SR", {"disable_stochastic_rounding": True}),
+    ("no_2d", "NVFP4 without 2D weights", {"disable_2d": True}),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One training of the study."""
+
+    name: str  # folder name and JSON key: bf16, nvfp4, nvfp4_f0l1, nvfp4_no_rht, ...
+    label: str  # for tables and legends
+    recipe: str
+    precision: dict[str, Any]  # PrecisionConfig overrides besides the recipe
+    group: str  # "precisions" or "ablations"
+
+    def precision_config(self) -> PrecisionConfig:
+        return PrecisionConfig(recipe=self.recipe, **self.precision)
+
+
+def parse_precisions(text: str) -> list[Variant]:
+    """`bf16,fp8_cs,mxfp8,nvfp4[:FiLj]` -> variants, in the order given."""
+    variants, seen = [], set()
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        recipe, _, policy = item.partition(":")
+        recipe = recipe.lower()
+        if recipe not in RECIPES:
+            raise ConfigError(f"--precisions: unknown precision {recipe!r}; allowed: "
+                              f"{', '.join(RECIPES)} (optionally with a policy, e.g. nvfp4:F0L1)")
+        overrides, name, label = {}, recipe, LABELS[recipe]
+        if policy:
+            match = POLICY.match(policy)
+            if not match:
+                raise ConfigError(f"--precisions: bad layer policy {policy!r} in {item!r}; "
+                                  "expected FiLj, e.g. F0L1")
+            overrides = {"first_bf16_layers": int(match[1]), "last_bf16_layers": int(match[2])}
+            name, label = f"{recipe}_{policy.lower()}", f"{label} {policy.upper()}"
+        if name in seen:
+            raise ConfigError(f"--precisions: {item!r} is listed twice")
+        seen.add(name)
+        variants.append(Variant(name, label, recipe, overrides, "precisions"))
+    if not any(v.recipe == REFERENCE and not v.precision for v in variants):
+        raise ConfigError(f"--precisions {text!r} must include {REFERENCE} (the reference for "
+                          "gaps and speed-ups)")
+    return variants
+
+
+def ablation_variants(variants: list[Variant]) -> list[Variant]:
+    """The NVFP4 ablations, each one switch away from the study's NVFP4 variant (the first
+    listed; NVFP4 with its default policy if none is). The F0L0 row is left out when that
+    variant already quantizes every layer."""
+    base = next((v for v in variants if v.recipe == "nvfp4"), None)
+    base_overrides = dict(base.precision) if base else {}
+    out = []
+    for suffix, label, overrides in ABLATIONS:
+        merged = {**base_overrides, **overrides}
+        if suffix == "f0l0" and base_overrides == overrides:
+            continue
+        out.append(Variant(f"nvfp4_{suffix}", label, "nvfp4", merged, "ablations"))
+    return out
+
+
+def nvfp4_reference(variants: list[Variant]) -> list[Variant]:
+    """The NVFP4 variant the ablations compare with, added if --precisions lacks one."""
+    if any(v.recipe == "nvfp4" for v in variants):
+        return []
+    return [Variant("nvfp4", LABELS["nvfp4"], "nvfp4", {}, "ablations")]
+
+
+def variant_config(base: TrainConfig, variant: Variant, run_dir: str) -> TrainConfig:
+    """The base config trained in this variant's precision, in its own folder.
+
+    The progress bar is off (the run's output goes to a log file; the study prints its own
+    progress lines) and the checkpoint folder is the run's own.
+    """
+    if base.precision_schedule:
+        raise ConfigError("precision_schedule is set in the study's config: a study compares "
+                          "fixed recipes; remove it (precision_schedule=[])")
+    return dataclasses.replace(
+        base, run_dir=run_dir, precision=variant.precision_config(),
+        checkpoint=dataclasses.replace(base.checkpoint, dir=None),
+        logging=dataclasses.replace(base.logging, progress_bar=False))
