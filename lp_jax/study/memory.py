@@ -56,11 +56,15 @@ def _micro_batch(batch: int, seq_len: int) -> dict:
 def _residuals(graphdef, params, rest, batch: int, seq_len: int) -> list[tuple]:
     from jax._src.ad_checkpoint import saved_residuals  # what print_saved_residuals prints
 
-    # The trainer's own micro-batch forward (same model call, recipe and loss).
+    # The trainer's own micro-batch forward (same model call, recipe and loss), on one
+    # device: activations are counted per device and micro-batch.
+    from lp_jax.training.mesh import make_mesh
     from lp_jax.training.step import _forward_nll
 
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
     def loss(p, micro, key):
-        return _forward_nll(graphdef, p, rest, micro, key)[0]
+        return _forward_nll(graphdef, p, rest, micro, key, mesh)[0]
 
     return saved_residuals(loss, params, _micro_batch(batch, seq_len), jax.random.key(0))
 
@@ -93,22 +97,23 @@ def residual_breakdown(graphdef, params, rest, micro_batch: int, seq_len: int) -
 
 
 def xla_step_memory(plan, graphdef, state, mesh) -> dict:
-    """memory_analysis() of the compiled train step, compiled exactly as the trainer does."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from lp_jax.training.checkpoint import abstract_like
+    """memory_analysis() of the compiled train step, compiled exactly as the trainer does
+    (its jit, in/out shardings and donation), from abstract inputs."""
     from lp_jax.training.optimizer import OptimizerSpec
-    from lp_jax.training.state import BATCH_AXES, state_shardings
-    from lp_jax.training.step import StepSpec, train_step
+    from lp_jax.training.partitioning import batch_sharding, state_shardings
+    from lp_jax.training.step import StepSpec, jitted_train_step
 
     cfg = plan.config
     spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
-    abstract = abstract_like(state, state_shardings(state, mesh))
-    sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            state, state_shardings(state, mesh))
+    rows = batch_sharding(mesh)
     per_pass = cfg.data.global_batch_size // plan.accum_steps
-    batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=sharding)
+    batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=rows)
              for k, v in _micro_batch(per_pass, cfg.data.seq_len).items()}
-    compiled = train_step.lower(graphdef, spec, abstract, batch, jnp.float32(1.0)).compile()
+    step = jitted_train_step(spec, abstract)
+    compiled = step.lower(graphdef, spec, abstract, batch,
+                          jax.ShapeDtypeStruct((), jnp.float32)).compile()
     analysis = compiled.memory_analysis()
     if analysis is None:
         return {}
@@ -124,6 +129,7 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     from models import llama
 
     import lp_jax
+    from lp_jax.training.head_gemm import fp32_weight_gradients
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
     from lp_jax.training.state import abstract_state, make_mesh, split_model
     from lp_jax.training.validate import resolve
@@ -131,6 +137,7 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     plan = resolve(config)
     model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(config.seed)))
     swap = lp_jax.apply_recipe(model, plan.phases[0].recipe)
+    fp32_weight_gradients(model)  # as the trainer: the LM head's BF16 GEMM, FP32 gradient
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OptimizerSpec.from_config(config))
     state = abstract_state((graphdef, params, rest), tx, config.seed)
@@ -149,5 +156,5 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     row["other_activations"] = row["activations"] - row["linear_inputs"]
     if xla:
         row.update(xla_step_memory(plan, graphdef, state,
-                                   make_mesh(plan.data_parallel, plan.fsdp)))
+                                   make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)))
     return row
