@@ -1,4 +1,5 @@
 """Config tree: YAML loading, dotted overrides, and the one-line errors of train.py."""
+import copy
 import dataclasses
 import pathlib
 import subprocess
@@ -119,3 +120,15 @@ def test_docs_list_every_config_key():
     leaves = [k for k in keys if not any(other.startswith(k + ".") for other in keys)]
     missing = [k for k in leaves + ["precision", "precision_schedule"] if f"`{k}`" not in doc]
     assert not missing, f"docs/training.md does not document {missing}"
+
+
+def test_a_saved_config_without_a_newer_key_counts_it_at_its_default():
+    from lp_jax.training.config_io import to_dict, with_defaults
+    current = to_dict(load_config("configs/tiny.yaml"))
+    older = copy.deepcopy(current)
+    del older["mesh"]["tensor"]  # written before the key existed
+    assert older != current and with_defaults(older) == current
+    older["mesh"]["fsdp"] = 2  # a real difference still shows
+    assert with_defaults(older)["mesh"]["fsdp"] == 2 and with_defaults(older) != current
+    removed = dict(current, retired_key=1)  # a key since removed: compared as saved
+    assert with_defaults(removed) is removed

@@ -22,7 +22,7 @@ from typing import Callable
 import yaml
 
 from lp_jax.training.config import TrainConfig
-from lp_jax.training.config_io import dump_yaml
+from lp_jax.training.config_io import dump_yaml, with_defaults
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_NAME = "study_config.yaml"
@@ -87,7 +87,8 @@ def config_differences(run_dir: str | os.PathLike, config: TrainConfig) -> list[
     path = pathlib.Path(run_dir) / "config.yaml"
     if not path.is_file():
         return []
-    saved = _flatten(yaml.safe_load(path.read_text()) or {})
+    # Keys added to the trainer since the run was written count at their defaults.
+    saved = _flatten(with_defaults(yaml.safe_load(path.read_text()) or {}))
     wanted = _flatten(yaml.safe_load(dump_yaml(config)))
     return sorted(k for k in set(saved) | set(wanted)
                   if k not in IGNORED_KEYS and saved.get(k) != wanted.get(k))

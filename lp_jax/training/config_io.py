@@ -101,6 +101,16 @@ def to_dict(config: Any) -> Any:
     return config
 
 
+def with_defaults(raw: dict) -> dict:
+    """A saved config mapping with the keys it lacks filled in with their defaults, so a
+    run written before a key existed compares equal to one that leaves it at its default.
+    A mapping that no longer loads (a key since removed) is returned as it is."""
+    try:
+        return to_dict(from_dict(TrainConfig, raw))
+    except (ConfigError, TypeError, ValueError):
+        return raw
+
+
 def dump_yaml(config: TrainConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 

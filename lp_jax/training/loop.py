@@ -23,7 +23,7 @@ from flax import nnx
 from lp_jax.training import data as data_lib
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import dump_yaml, to_dict
+from lp_jax.training.config_io import dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
 from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
@@ -131,7 +131,7 @@ def run(plan: Plan) -> RunResult:
     if start:
         state, meta = ckpt.restore(start, abstract_like(target, shardings), train_it)
         say(f"resumed from step {start} ({ckpt.directory})")
-        changed = _changed_keys(meta.get("config", {}), to_dict(cfg))
+        changed = _changed_keys(with_defaults(meta.get("config", {})), to_dict(cfg))
         if changed:
             say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
                 "the run will not match an uninterrupted one")
