@@ -148,7 +148,7 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
 
 
 def test_resume_warns_about_changed_config_keys():
-    from lp_jax.training.loop import _changed_keys
+    from lp_jax.training.config_io import changed_keys as _changed_keys
 
     saved = {"steps": 20, "stop_at": 10, "run_dir": "a", "precision": {"recipe": "nvfp4"}}
     same = {"steps": 20, "stop_at": None, "run_dir": "b", "precision": {"recipe": "nvfp4"}}

@@ -16,16 +16,19 @@ def _finite(value) -> float:
     return value
 
 
+def _curve(metrics: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the metric lines that hold ``key``."""
+    rows = [m for m in metrics if key in m]
+    return (np.array([m["step"] for m in rows], dtype=np.int64),
+            np.array([_finite(m[key]) for m in rows]))
+
+
 def train_curve(metrics: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    steps = np.array([m["step"] for m in metrics if "loss" in m], dtype=np.int64)
-    loss = np.array([_finite(m["loss"]) for m in metrics if "loss" in m])
-    return steps, loss
+    return _curve(metrics, "loss")
 
 
 def val_curve(metrics: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    steps = np.array([m["step"] for m in metrics if "val_loss" in m], dtype=np.int64)
-    loss = np.array([_finite(m["val_loss"]) for m in metrics if "val_loss" in m])
-    return steps, loss
+    return _curve(metrics, "val_loss")
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

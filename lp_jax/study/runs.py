@@ -10,7 +10,6 @@ repeated by hand; its output goes to RUN_DIR/train.log.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import signal
@@ -22,15 +21,16 @@ from typing import Callable
 import yaml
 
 from lp_jax.training.config import TrainConfig
-from lp_jax.training.config_io import dump_yaml, with_defaults
+from lp_jax.training.config_io import (SESSION_KEYS, changed_keys, dump_yaml, to_dict,
+                                       with_defaults)
+from lp_jax.training.metrics import read_metrics
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_NAME = "study_config.yaml"
 LOG_NAME = "train.log"
 # Keys that may differ between a run folder's config and the study's without making the
-# run a different experiment (the trainer ignores the same ones on resume).
-IGNORED_KEYS = {"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar",
-                "logging.tensorboard"}
+# run a different experiment: the trainer's session keys, and whether TensorBoard logs.
+IGNORED_KEYS = SESSION_KEYS | {"logging.tensorboard"}
 
 
 class StudyInterrupted(Exception):
@@ -59,46 +59,21 @@ def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    path = pathlib.Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut short by a killed process: what precedes it is good
-    return rows
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 def config_differences(run_dir: str | os.PathLike, config: TrainConfig) -> list[str]:
     """Dotted keys where the folder's config.yaml (written by the trainer) differs."""
     path = pathlib.Path(run_dir) / "config.yaml"
     if not path.is_file():
         return []
     # Keys added to the trainer since the run was written count at their defaults.
-    saved = _flatten(with_defaults(yaml.safe_load(path.read_text()) or {}))
-    wanted = _flatten(yaml.safe_load(dump_yaml(config)))
-    return sorted(k for k in set(saved) | set(wanted)
-                  if k not in IGNORED_KEYS and saved.get(k) != wanted.get(k))
+    saved = with_defaults(yaml.safe_load(path.read_text()) or {})
+    return changed_keys(saved, to_dict(config), IGNORED_KEYS)
 
 
 def inspect_run(config: TrainConfig) -> RunStatus:
     """complete: metrics and a checkpoint at the target step (reused as is); partial: a
     checkpoint before it (the trainer resumes); new: nothing usable yet; conflict: the
     folder holds a run of another config (never touched)."""
-    target = config.stop_at or config.steps
+    target = config.end_step
     differences = config_differences(config.run_dir, config)
     if differences:
         return RunStatus("conflict", target, message=(

@@ -10,7 +10,6 @@ only then does this process compile anything (memory analysis) or load checkpoin
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 import signal
 import time
@@ -22,6 +21,7 @@ from lp_jax.study.variants import (DEFAULT_PRECISIONS, Variant, ablation_variant
                                    nvfp4_reference, parse_precisions, variant_config)
 from lp_jax.training.api import load
 from lp_jax.training.config_io import ConfigError, apply_overrides
+from lp_jax.training.metrics import read_metrics
 
 
 @dataclasses.dataclass
@@ -131,7 +131,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
     with _TermAsInterrupt():
         for variant, config in planned:
             if interrupted:
-                statuses[variant.name] = runs.RunStatus("not run", config.stop_at or config.steps,
+                statuses[variant.name] = runs.RunStatus("not run", config.end_step,
                                                         message="the study was interrupted")
                 continue
             try:
@@ -142,8 +142,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
                     statuses[variant.name] = runs.inspect_run(config)
             except (KeyboardInterrupt, runs.StudyInterrupted) as e:
                 interrupted = str(e) or "interrupted"
-                statuses[variant.name] = runs.RunStatus("interrupted",
-                                                        config.stop_at or config.steps,
+                statuses[variant.name] = runs.RunStatus("interrupted", config.end_step,
                                                         message=interrupted)
             if statuses[variant.name].state == "conflict":
                 say(f"[{variant.name}] {statuses[variant.name].message}")
@@ -162,7 +161,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
 def _analyse(variant: Variant, config, status: runs.RunStatus, options: StudyOptions,
              say: Callable[[str], None], heavy: bool) -> dict:
     """Everything the report says about one run; a failure in any part is recorded."""
-    metrics = runs.read_metrics(config.run_dir) if os.path.isdir(config.run_dir) else []
+    metrics = read_metrics(config.run_dir)
     entry = {"variant": variant, "config": config, "status": status, "metrics": metrics,
              "summary": curves.summarize(metrics, status.target_step),
              "throughput": throughput.throughput(metrics), "memory": None, "eval": None,

@@ -37,12 +37,12 @@ def throughput(metrics: list[dict]) -> dict:
     tokens = sum(m["tokens_per_sec"] * m["step_time_s"] for m in kept)
     tflop = sum(m["tflops_per_device"] * m["step_time_s"] for m in kept
                 if isinstance(m.get("tflops_per_device"), (int, float)))
-    mfu = [m["mfu"] for m in kept if isinstance(m.get("mfu"), (int, float))]
+    every_mfu = all(isinstance(m.get("mfu"), (int, float)) for m in kept)
     return {"steps_timed": len(kept), "compile_steps_dropped": dropped,
             "tokens_per_sec": tokens / seconds, "tflops_per_device": tflop / seconds,
             "step_time_s": seconds / len(kept),
             "mfu": sum(m["mfu"] * m["step_time_s"] for m in kept) / seconds
-            if len(mfu) == len(kept) else None}
+            if every_mfu else None}
 
 
 def speedup(row: dict, reference: dict | None) -> float | None:

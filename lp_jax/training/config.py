@@ -247,3 +247,8 @@ class TrainConfig:
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()
     debug: DebugConfig = DebugConfig()
+
+    @property
+    def end_step(self) -> int:
+        """The step this session of the run ends at: stop_at if given, else steps."""
+        return self.stop_at or self.steps

@@ -101,6 +101,27 @@ def to_dict(config: Any) -> Any:
     return config
 
 
+# Keys that may change between sessions of one run without making it another run.
+SESSION_KEYS = frozenset({"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar"})
+
+
+def changed_keys(saved: dict, current: dict, ignore=SESSION_KEYS) -> list[str]:
+    """Sorted dotted keys whose values differ between two config mappings (``ignore``
+    aside); a key present on one side only counts as changed."""
+    old, new = _flatten(saved), _flatten(current)
+    return sorted(k for k in old.keys() | new.keys() if k not in ignore and old.get(k) != new.get(k))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
 def with_defaults(raw: dict) -> dict:
     """A saved config mapping with the keys it lacks filled in with their defaults, so a
     run written before a key existed compares equal to one that leaves it at its default.

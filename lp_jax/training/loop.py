@@ -23,7 +23,7 @@ from flax import nnx
 from lp_jax.training import data as data_lib
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import dump_yaml, to_dict, with_defaults
+from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
 from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
@@ -131,7 +131,7 @@ def run(plan: Plan) -> RunResult:
     if start:
         state, meta = ckpt.restore(start, abstract_like(target, shardings), train_it)
         say(f"resumed from step {start} ({ckpt.directory})")
-        changed = _changed_keys(with_defaults(meta.get("config", {})), to_dict(cfg))
+        changed = changed_keys(with_defaults(meta.get("config", {})), to_dict(cfg))
         if changed:
             say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
                 "the run will not match an uninterrupted one")
@@ -143,7 +143,7 @@ def run(plan: Plan) -> RunResult:
         f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
         f"{jax.process_count()} process(es)")
 
-    end = cfg.stop_at or cfg.steps
+    end = cfg.end_step
     if start >= end:
         say(f"nothing to train: the checkpoint is at step {start}, the run ends at {end}")
     device = jax.local_devices()[0]  # this process's (for memory stats and the platform)
@@ -228,20 +228,6 @@ def run(plan: Plan) -> RunResult:
         writer.close()
         ckpt.close()
     return result
-
-
-def _changed_keys(saved: dict, current: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ (stop_at and the run/checkpoint folders may)."""
-    ignore = {"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar"}
-    changed = []
-    for key in sorted(set(saved) | set(current)):
-        name = prefix + key
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            changed += _changed_keys(a, b, name + ".")
-        elif a != b and name not in ignore:
-            changed.append(name)
-    return changed
 
 
 class _NoMetrics:

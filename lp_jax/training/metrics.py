@@ -118,9 +118,8 @@ class MetricsWriter:
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [row for row in read_metrics(self.path.parent) if row.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
     def write(self, step: int, values: dict[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
@@ -138,8 +137,20 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The rows of RUN_DIR/metrics.jsonl ([] if there is none), up to a line cut short by
+    a killed process (what precedes it is good)."""
     path = pathlib.Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
 
 
 class Progress:
