@@ -52,3 +52,13 @@ def test_metrics_file_truncates_on_resume_and_writes_tensorboard(tmp_path):
     w.close()
     assert [(m["step"], m.get("val_loss")) for m in metrics.read_metrics(tmp_path)] == [
         (1, None), (2, None), (3, None), (4, 0.6)]
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped_on_read_and_on_resume(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    assert [m["step"] for m in metrics.read_metrics(tmp_path)] == [1, 2]
+    w = metrics.MetricsWriter(tmp_path, start_step=2, tensorboard=False)
+    w.write(3, {"loss": 1.2})
+    w.close()
+    assert [(m["step"], m["loss"]) for m in metrics.read_metrics(tmp_path)] == [(1, 2.0), (2, 1.5), (3, 1.2)]
+    assert metrics.read_metrics(tmp_path / "absent") == []
