@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
 from bench.hlo_collectives import KINDS, collective_bytes  # noqa: E402
-from lp_jax.training.head_gemm import fp32_weight_gradients  # noqa: E402
+from lp_jax.surgery.head_gemm import fp32_weight_gradients  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402

@@ -15,7 +15,7 @@ import difflib
 import re
 from typing import ClassVar
 
-from lp_jax.backends import BACKENDS
+from lp_jax.gemm.backends import BACKENDS
 
 
 

@@ -27,7 +27,7 @@ from flax import nnx
 import lp_jax
 from lp_jax.training import data as data_lib
 from lp_jax.training import state as state_lib
-from lp_jax.training.head_gemm import fp32_weight_gradients
+from lp_jax.surgery.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama

@@ -1,11 +1,11 @@
-"""lp_jax.formats: the bit-level helpers, checked against exact rational arithmetic."""
+"""lp_jax.numerics.formats: the bit-level helpers, checked against exact rational arithmetic."""
 from fractions import Fraction
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lp_jax import formats as F
+from lp_jax.numerics import formats as F
 
 
 def test_rceil_code0_threshold_is_exact():

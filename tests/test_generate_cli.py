@@ -1,9 +1,9 @@
-"""python -m lp_jax.generate: sampling from a training run's checkpoint."""
+"""python -m lp_jax.evaluation.generate: sampling from a training run's checkpoint."""
 import orbax.checkpoint as ocp
 import yaml
 from flax import nnx
 
-from lp_jax import generate as generate_cli
+from lp_jax.evaluation import generate as generate_cli
 from models.generate import generate
 from models.llama import Llama, preset
 

@@ -129,7 +129,7 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     from models import llama
 
     import lp_jax
-    from lp_jax.training.head_gemm import fp32_weight_gradients
+    from lp_jax.surgery.head_gemm import fp32_weight_gradients
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
     from lp_jax.training.state import abstract_state, make_mesh, split_model
     from lp_jax.training.validate import resolve

@@ -27,8 +27,8 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
 from jax import lax
 
-from lp_jax.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
-from lp_jax.layer_policy import LayerPolicyDotGeneral
+from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
 
 LAYER_INDEX = re.compile(r"(?:^|/)layers/(\d+)(?:/|$)")

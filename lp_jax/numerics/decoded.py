@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax import formats as F
-from lp_jax.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles, mxfp8_blocks,
+from lp_jax.numerics import formats as F
+from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles, mxfp8_blocks,
                              nvfp4_block_encoding, nvfp4_tensor_scale, quantize_per_tensor, to_blocks,
                              to_tiles)
 

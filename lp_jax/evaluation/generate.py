@@ -1,4 +1,4 @@
-"""See what a training run's checkpoint writes: ``python -m lp_jax.generate RUN_DIR --prompt TEXT``.
+"""See what a training run's checkpoint writes: ``python -m lp_jax.evaluation.generate RUN_DIR --prompt TEXT``.
 
 Loads the run's latest checkpoint and tokenizer as ``eval.py --checkpoint`` does (plain
 model, BF16 compute), then samples with the KV-cache generator of ``models.generate``.
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lp_jax.generate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m lp_jax.evaluation.generate", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", help="a train.py run folder (config.yaml + checkpoints/)")
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
         out = generate(loaded.model, jnp.asarray([ids]), args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, eos_id=getattr(tok, "eos_id", None), seed=args.seed)
     except (LoadError, ValueError, FileNotFoundError) as e:
-        print(f"python -m lp_jax.generate: error: {e}", file=sys.stderr)
+        print(f"python -m lp_jax.evaluation.generate: error: {e}", file=sys.stderr)
         return 2
     new = [int(t) for t in out[0, len(ids):]]
     print(args.prompt + tok.decode(new))

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax import formats as F
+from lp_jax.numerics import formats as F
 
-from lp_jax.gemm_values import quantized_values
-from lp_jax.hadamard import RHT_SIZE, hadamard
-from lp_jax.quantize import QuantizedTensor, block_values, quantize
+from lp_jax.numerics.decoded import quantized_values
+from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
+from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
 from lp_jax.recipes import OperandSpec
 
 PER_TENSOR = ("fp8_e4m3", "fp8_e5m2")
@@ -43,7 +43,7 @@ def prepare(t, spec: OperandSpec, axis: int, key=None, store=False):
     """Quantizes t (2-D, compute dtype) along ``axis`` as ``spec`` says; t itself if fmt is None.
 
     store=True returns a packed QuantizedTensor (what the backward keeps); otherwise the
-    decoded values for an immediate GEMM, without a packed copy (lp_jax.gemm_values).
+    decoded values for an immediate GEMM, without a packed copy (lp_jax.numerics.decoded).
     """
     if spec.rht:
         t = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lp_jax import formats as F
-from lp_jax.sharded_reshape import merge_axes, split_axis
+from lp_jax.numerics import formats as F
+from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
 ROUNDINGS = ("nearest", "stochastic")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from lp_jax.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
 from lp_jax.recipes import BF16
 
 

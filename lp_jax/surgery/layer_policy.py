@@ -14,7 +14,7 @@ import dataclasses
 from jax import lax
 
 from lp_jax import context
-from lp_jax.dot_general import LowPrecisionDotGeneral
+from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.recipes import BF16, Recipe
 
 

@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 
 from lp_jax import context
-from lp_jax.backends import resolve_backend
-from lp_jax.operands import prepare, scaled_dot, shares_bytes
-from lp_jax.out_sharding import with_out_sharding
+from lp_jax.gemm.backends import resolve_backend
+from lp_jax.gemm.operands import prepare, scaled_dot, shares_bytes
+from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
 
 _SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded dy copies
@@ -102,7 +102,7 @@ class LowPrecisionDotGeneral:
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
         # out_sharding: a sharding constraint on an Auto mesh; on an Explicit mesh the GEMM
-        # runs with those axes Auto and the result is typed out_sharding (lp_jax/out_sharding.py).
+        # runs with those axes Auto and the result is typed out_sharding (lp_jax/gemm/out_sharding.py).
         return with_out_sharding(
             lambda l, r: self._gemm(l, r, dimension_numbers, preferred_element_type),
             lhs, rhs, dimension_numbers, out_sharding)
