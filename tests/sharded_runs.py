@@ -27,7 +27,6 @@ from flax import nnx
 import lp_jax
 from lp_jax.training import data as data_lib
 from lp_jax.training import state as state_lib
-from lp_jax.surgery.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama
@@ -54,7 +53,6 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     build = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
     model = nnx.eval_shape(build)
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0))
-    fp32_weight_gradients(model)
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build, tx, 0, state_lib.state_shardings(target, mesh))
