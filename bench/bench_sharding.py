@@ -40,7 +40,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
 from bench.hlo_collectives import KINDS, collective_bytes  # noqa: E402
-from lp_jax.surgery.head_gemm import fp32_weight_gradients  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402
@@ -69,7 +68,6 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
     cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
     model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe))
-    fp32_weight_gradients(model)
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OPTIMIZER)
     target = abstract_state((graphdef, params, rest), tx, 0)

@@ -30,7 +30,6 @@ import jax  # noqa: E402
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir  # noqa: E402
-from lp_jax.surgery.head_gemm import fp32_weight_gradients  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.state import split_model  # noqa: E402
 from lp_jax.training.step import _forward_nll  # noqa: E402
@@ -50,7 +49,6 @@ def text_batch(tokenizer, text: str, rows: int, seq_len: int) -> dict:
 
 def loss_and_grads(model, recipe: str, batch: dict, mesh):
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0))
-    fp32_weight_gradients(model)  # as the trainer
     graphdef, params, rest = split_model(model)
 
     def mean_nll(p):

@@ -38,6 +38,8 @@ class Recipe:
     """Base: the FiLj layer policy and the backend; subclasses fill the six operand specs."""
 
     name: ClassVar[str] = "bf16"
+    # The tensor-core type its GEMMs run on ("bf16" | "fp8" | "fp4"): which peak an MFU uses.
+    gemm_dtype: ClassVar[str] = "bf16"
     # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
     first_bf16_layers: int = 0
     last_bf16_layers: int = 0
@@ -97,6 +99,7 @@ class Float8CurrentScaling(Recipe):
     """
 
     name: ClassVar[str] = "fp8_cs"
+    gemm_dtype: ClassVar[str] = "fp8"
     first_bf16_layers: int = 1  # Megatron Bridge default F1L1
     last_bf16_layers: int = 1
     fp8_format: str = "HYBRID"
@@ -118,6 +121,7 @@ class MXFP8BlockScaling(Recipe):
     """
 
     name: ClassVar[str] = "mxfp8"
+    gemm_dtype: ClassVar[str] = "fp8"
     scale_rule: str = "rceil"  # TE/cuBLAS rounding; "floor" is the OCP v1.0 rule
 
     def _operands(self):
@@ -137,6 +141,7 @@ class NVFP4BlockScaling(Recipe):
     """
 
     name: ClassVar[str] = "nvfp4"
+    gemm_dtype: ClassVar[str] = "fp4"
     last_bf16_layers: int = 4
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
@@ -156,22 +161,18 @@ class NVFP4BlockScaling(Recipe):
         )
 
 
-RECIPES: dict[str, type[Recipe]] = {
-    "bf16": BF16,
-    "fp8_cs": Float8CurrentScaling,
-    "mxfp8": MXFP8BlockScaling,
-    "nvfp4": NVFP4BlockScaling,
-    # Megatron Bridge's mixed_precision recipe names
-    "bf16_mixed": BF16,
-    "bf16_with_fp8_current_scaling_mixed": Float8CurrentScaling,
-    "bf16_with_mxfp8_mixed": MXFP8BlockScaling,
-    "bf16_with_nvfp4_mixed": NVFP4BlockScaling,
-    # TE class names
-    "BF16": BF16,
-    "Float8CurrentScaling": Float8CurrentScaling,
-    "MXFP8BlockScaling": MXFP8BlockScaling,
-    "NVFP4BlockScaling": NVFP4BlockScaling,
+_CLASSES = (BF16, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling)
+# Megatron Bridge's mixed_precision recipe names -> our short names.
+BRIDGE_NAMES = {
+    "bf16_mixed": "bf16",
+    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
+    "bf16_with_mxfp8_mixed": "mxfp8",
+    "bf16_with_nvfp4_mixed": "nvfp4",
 }
+# Every name a recipe answers to: short names, Megatron Bridge's names, TE's class names.
+RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in _CLASSES}
+RECIPES.update({bridge: RECIPES[short] for bridge, short in BRIDGE_NAMES.items()})
+RECIPES.update({cls.__name__: cls for cls in _CLASSES})
 
 
 def parse_policy(policy: str) -> tuple[int, int]:

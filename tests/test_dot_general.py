@@ -146,6 +146,26 @@ def test_dtypes_leading_axes_and_fp32_weight_gradient():
         assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
 
 
+def test_nnx_linear_needs_keep_kernel_dtype_for_fp32_exact_weight_gradients():
+    # Passed to an nnx.Linear by hand, the quantized dot_general gets Flax's BF16 cast of the
+    # kernel unless promote_dtype keeps it: the gradient is then only BF16-exact.
+    from flax import nnx
+
+    x = jax.random.normal(jax.random.key(1), (64, 32))
+
+    def kernel_grad(**kw):
+        lin = nnx.Linear(32, 32, dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                         dot_general=lp.dot_general("fp8_cs"), rngs=nnx.Rngs(0), **kw)
+        g = nnx.grad(lambda m: jnp.sum(m(x).astype(jnp.float32) ** 2))(lin).kernel[...]
+        return np.asarray(g)
+
+    def bf16_exact(g):
+        return np.array_equal(g, g.astype(jnp.bfloat16).astype(np.float32))
+
+    assert bf16_exact(kernel_grad())
+    assert not bf16_exact(kernel_grad(promote_dtype=lp.KeepKernelDtype()))
+
+
 def test_batch_dimensions_are_rejected():
     with pytest.raises(ValueError, match="batch dimensions"):
         lp.dot_general("fp8_cs")(jnp.ones((2, 4, 8)), jnp.ones((2, 8, 4)), (((2,), (1,)), ((0,), (0,))))

@@ -37,8 +37,30 @@ def test_embedding_and_lm_head_never_quantized():
     model = Toy()
     report = lp.apply_recipe(model, "mxfp8", include=".*")
     assert "lm_head" in report.not_selected
-    assert model.lm_head.dot_general is jax.lax.dot_general
+    # not quantized, but lp_jax's BF16 GEMM: its weight gradient comes back in FP32
+    assert model.lm_head.dot_general == lp.dot_general("bf16")
+    assert report.fp32_weight_gradients == ["lm_head"]
     assert not any(p.startswith(("embed", "lm_head")) for p in report.quantized)
+    lp.apply_recipe(model, "mxfp8", fp32_weight_gradients=False)
+    assert model.lm_head.dot_general is jax.lax.dot_general
+
+
+def test_head_gemm_keeps_logits_and_returns_fp32_weight_gradients():
+    tokens = jnp.arange(16).reshape(2, 8)
+    plain, swapped = Toy(), Toy()
+    lp.apply_recipe(swapped, "bf16")
+    np.testing.assert_array_equal(np.asarray(plain(tokens), np.float32),
+                                  np.asarray(swapped(tokens), np.float32))
+    grads = nnx.grad(lambda m: jnp.sum(m(tokens).astype(jnp.float32) ** 2))(swapped)
+    assert grads.lm_head.kernel[...].dtype == jnp.float32
+
+
+def test_report_says_which_linears_got_which_recipe():
+    model = Toy(num_layers=6)
+    text = str(lp.apply_recipe(model, lp.get_recipe("nvfp4", policy="F1L2")))
+    assert "  NVFP4BlockScaling: layers/{1-3}/" in text
+    assert "  BF16 (layer policy): layers/{0,4-5}/" in text
+    assert "  BF16, FP32 weight gradient (not selected): lm_head" in text
 
 
 def test_state_tree_unchanged_and_recipes_interchangeable():
@@ -67,7 +89,7 @@ def test_reapplying_replaces_and_bf16_restores_outputs():
     np.testing.assert_allclose(np.asarray(model(tokens), np.float32),
                                np.asarray(plain(tokens), np.float32), rtol=0, atol=0)
     lp.apply_recipe(model, "nvfp4", include="up_proj")  # q_proj is no longer selected: reset
-    assert model.layers[0].q_proj.dot_general is jax.lax.dot_general
+    assert model.layers[0].q_proj.dot_general == lp.dot_general("bf16")
     assert model.layers[0].up_proj.dot_general == lp.dot_general("nvfp4")
 
 

@@ -27,7 +27,7 @@ from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
 from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
 from lp_jax.recipes import OperandSpec
 
-PER_TENSOR = ("fp8_e4m3", "fp8_e5m2")
+PER_TENSOR = F.PER_TENSOR_FORMATS
 
 
 @jax.tree_util.register_dataclass

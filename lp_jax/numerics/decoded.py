@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles, mxfp8_blocks,
-                             nvfp4_block_encoding, nvfp4_tensor_scale, quantize_per_tensor, to_blocks,
-                             to_tiles)
+from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles,
+                                      mxfp8_blocks, nvfp4_block_encoding, nvfp4_encode_values,
+                                      nvfp4_tensor_scale, quantize_per_tensor, to_blocks, to_tiles)
 
 
 def per_tensor_values(t, dtype):
@@ -43,19 +43,19 @@ def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
     if block_2d:
         xt = to_tiles(tf)
         s_b, enc = nvfp4_block_encoding(abs_max(xt, axis=(-3, -1)), s_enc)
-        q = F.e2m1_round_values(jnp.clip(xt * enc[..., :, None, :, None], -6, 6), rounding, key)
+        q = nvfp4_encode_values(xt, enc[..., :, None, :, None], rounding, key)
         values = from_tiles(q * s_b.astype(jnp.float32)[..., :, None, :, None], *t.shape[-2:])
     else:
         xb = to_blocks(tf, axis, NVFP4_BLOCK)
         s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=-1), s_enc)
-        q = F.e2m1_round_values(jnp.clip(xb * enc[..., None], -6, 6), rounding, key)
+        q = nvfp4_encode_values(xb, enc[..., None], rounding, key)
         values = from_blocks(q * s_b.astype(jnp.float32)[..., None], axis % t.ndim, t.shape[axis])
     return values, F.recip(s_enc)
 
 
 def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil"):
-    if fmt in ("fp8_e4m3", "fp8_e5m2"):
-        return per_tensor_values(t, F.E4M3 if fmt == "fp8_e4m3" else F.E5M2)
+    if fmt in F.PER_TENSOR_FORMATS:
+        return per_tensor_values(t, F.FORMAT_SPECS[fmt].element)
     if fmt == "mxfp8":
         return mxfp8_values(t, axis, scale_rule)
     return nvfp4_values(t, axis, block_2d, rounding, key)

@@ -20,11 +20,11 @@ from jax import lax
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
-FORMATS = ("fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4")
+FORMATS = tuple(F.FORMAT_SPECS)
 ROUNDINGS = ("nearest", "stochastic")
 SCALE_RULES = ("rceil", "floor")
-MX_BLOCK = 32
-NVFP4_BLOCK = 16
+MX_BLOCK = F.BLOCK_SIZES["mxfp8"]
+NVFP4_BLOCK = F.BLOCK_SIZES["nvfp4"]
 NVFP4_TENSOR_SCALE_NUM = F.E2M1_MAX * F.E4M3_MAX  # 2688: amax_t maps to 6 x 448
 # NumPy, not jnp: a jnp computation at import time would start the XLA backend, and
 # jax.distributed.initialize (multi-host runs) must come before that.
@@ -108,9 +108,19 @@ def nvfp4_block_scales(amax_b, s_enc):
     return F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3)
 
 
+def _nvfp4_scaled(x, enc):
+    return jnp.clip(x * enc, -F.E2M1_MAX, F.E2M1_MAX)
+
+
 def nvfp4_encode(x, enc, rounding="nearest", key=None):
-    """E2M1 values of x given its per-block encode factors ``enc`` (broadcastable to x)."""
-    return F.e2m1_round(jnp.clip(x * enc, -F.E2M1_MAX, F.E2M1_MAX), rounding, key)
+    """E2M1 data of x given its per-block encode factors ``enc`` (broadcastable to x)."""
+    return F.e2m1_round(_nvfp4_scaled(x, enc), rounding, key)
+
+
+def nvfp4_encode_values(x, enc, rounding="nearest", key=None):
+    """The float32 values of ``nvfp4_encode(x, enc, ...)``, with no fp4 convert (for GEMM
+    operands that are decoded at once: lp_jax/numerics/decoded.py)."""
+    return F.e2m1_round_values(_nvfp4_scaled(x, enc), rounding, key)
 
 
 def nvfp4_block_encoding(amax_b, s_enc):
@@ -211,7 +221,7 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     axis = axis % ndim if ndim else 0
     xf = x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)  # kernels upcast in-fusion
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
-        data, scale_inv = quantize_per_tensor(xf, F.E4M3 if fmt == "fp8_e4m3" else F.E5M2)
+        data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
     if fmt == "mxfp8":
         data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule)

@@ -40,18 +40,3 @@ def evaluate_run(run_dir: str | os.PathLike, tasks: list[str], limit: int | None
     cache.write_text(json.dumps(out, indent=1))
     return out
 
-
-def headline(results: dict, tasks: list[str]) -> dict:
-    """Per requested task: (acc_norm where the harness reports it for that task, else acc)
-    with its standard error; MMLU and WinoGrande use acc, as lm-evaluation-harness reports them."""
-    out = {}
-    for task in tasks:
-        r = results.get(task)
-        if not r:
-            continue
-        metric = "acc" if task in ("mmlu", "winogrande", "boolq") else "acc_norm"
-        if r.get(metric) is None:
-            metric = "acc"
-        out[task] = {"metric": metric, "value": r.get(metric),
-                     "stderr": r.get(f"{metric}_stderr"), "n": r.get("n")}
-    return out

@@ -129,15 +129,14 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     from models import llama
 
     import lp_jax
-    from lp_jax.surgery.head_gemm import fp32_weight_gradients
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-    from lp_jax.training.state import abstract_state, make_mesh, split_model
+    from lp_jax.training.mesh import make_mesh
+    from lp_jax.training.state import abstract_state, split_model
     from lp_jax.training.validate import resolve
 
     plan = resolve(config)
     model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(config.seed)))
     swap = lp_jax.apply_recipe(model, plan.phases[0].recipe)
-    fp32_weight_gradients(model)  # as the trainer: the LM head's BF16 GEMM, FP32 gradient
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OptimizerSpec.from_config(config))
     state = abstract_state((graphdef, params, rest), tx, config.seed)

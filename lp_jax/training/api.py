@@ -24,16 +24,11 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from lp_jax.recipes import BRIDGE_NAMES
 from lp_jax.training.config import TrainConfig
 from lp_jax.training.config_io import ConfigError, apply_overrides, load_config, set_dotted
 
-# Megatron Bridge's mixed-precision recipe names -> ours.
-BRIDGE_RECIPES = {
-    "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
-    "bf16_with_mxfp8_mixed": "mxfp8",
-    "bf16_with_nvfp4_mixed": "nvfp4",
-    "bf16_mixed": "bf16",
-}
+BRIDGE_RECIPES = BRIDGE_NAMES  # Megatron Bridge's mixed-precision recipe names -> ours
 
 
 def llama3_8b_low_precision_pretrain_config(

@@ -25,10 +25,10 @@ from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
 from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
-from lp_jax.surgery.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-from lp_jax.training.state import (abstract_state, init_state, make_mesh, place_batch,
-                                   split_model, state_shardings)
+from lp_jax.training.mesh import make_mesh
+from lp_jax.training.partitioning import state_shardings
+from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.step import StepSpec, eval_step, train_step
 from lp_jax.training.validate import Plan
 
@@ -117,7 +117,6 @@ def run(plan: Plan) -> RunResult:
 
     def with_recipe(model, phase):
         report = lp_jax.apply_recipe(model, phase.recipe)
-        fp32_weight_gradients(model)  # the LM head: BF16 GEMM, FP32 gradient (head_gemm.py)
         say(str(report).splitlines()[0])
         if phase.recipe.quantized and not report.quantized:
             say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")

@@ -1,6 +1,7 @@
 """Model FLOPs, device peaks, and the metrics sinks (metrics.jsonl, TensorBoard, progress bar).
 
-Model FLOPs per token (training: forward + backward = 3x forward):
+Model FLOPs per token (training: forward + backward = 3x forward; the formula lives in
+models/config.py, ``flops_per_token`` and ``matmul_params``, re-exported here):
 
     6 * N  +  12 * L * H * d_head * T
 
@@ -27,6 +28,9 @@ import pathlib
 import sys
 from typing import Any
 
+from lp_jax.recipes import RECIPES
+from models.config import flops_per_token, matmul_params  # noqa: F401  (re-exported)
+
 # Dense (no sparsity) peak tensor-core TFLOP/s per GPU. Sources: NVIDIA H100 Tensor Core GPU
 # datasheet (SXM5: BF16 1,979 / FP8 3,958 with sparsity); NVIDIA H200 datasheet (SXM: same
 # Hopper tensor cores and clocks as H100 SXM); NVIDIA HGX B200 spec (8 GPUs: BF16 36 PF,
@@ -38,15 +42,6 @@ PEAK_TFLOPS = {
     "B200": {"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0},
     "GB200": {"bf16": 2500.0, "fp8": 5000.0, "fp4": 10000.0},
 }
-
-# Which peak a recipe's GEMMs run at.
-RECIPE_FORMAT = {
-    "bf16": "bf16", "bf16_mixed": "bf16",
-    "fp8_cs": "fp8", "bf16_with_fp8_current_scaling_mixed": "fp8",
-    "mxfp8": "fp8", "bf16_with_mxfp8_mixed": "fp8",
-    "nvfp4": "fp4", "bf16_with_nvfp4_mixed": "fp4",
-}
-
 
 def device_family(device_kind: str) -> str | None:
     """The PEAK_TFLOPS row for a jax device_kind ('NVIDIA H100 80GB HBM3' -> 'H100'); None
@@ -64,21 +59,9 @@ def peak_tflops(device_kind: str, recipe: str) -> float | None:
     family = device_family(device_kind)
     if family is None:
         return None
-    fmt = RECIPE_FORMAT.get(recipe, "bf16")
+    fmt = RECIPES[recipe].gemm_dtype if recipe in RECIPES else "bf16"
     peaks = PEAK_TFLOPS[family]
     return peaks[fmt] if peaks.get(fmt) else peaks["bf16"]
-
-
-def matmul_params(cfg) -> int:
-    """N of the formula above, from a LlamaConfig."""
-    d, h, kv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    attention = d * h * dh + 2 * d * kv * dh + h * dh * d
-    mlp = 3 * d * cfg.intermediate_size
-    return cfg.num_layers * (attention + mlp) + d * cfg.vocab_size
-
-
-def flops_per_token(cfg, seq_len: int) -> float:
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
 
 
 def peak_memory_gib(device) -> float | None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from lp_jax.numerics.formats import BLOCK_SIZES
+from lp_jax.numerics.hadamard import RHT_SIZE as RHT_LENGTH
 from lp_jax.recipes import Recipe
 
-BLOCK_SIZES = {"mxfp8": 32, "nvfp4": 16}
-RHT_LENGTH = 16
 
 
 class BlockStraddleError(ValueError):
