@@ -1,7 +1,7 @@
 """Table 1: downstream accuracy of each run's final checkpoint (lp_jax.evaluation).
 
-As eval.py does, and as the seed does to isolate the training precision, every model is
-evaluated in BF16 with no recipe applied, whatever precision trained it. Results are
+As eval.py does, every model is evaluated in BF16 with no recipe applied, whatever
+precision trained it, so that the scores isolate the training precision. Results are
 cached in RUN_DIR/study_eval.json with the checkpoint step and the settings, so writing the
 report again does not score again.
 """

@@ -1,4 +1,4 @@
-"""The loss figures (as the NVFP4 paper's Figures 2-4): per set of variants, training loss
+"""The loss figures (as Figures 2-4 of NVIDIA's "Pretraining Large Language Models with NVFP4"): per set of variants, training loss
 and validation loss against tokens, and below each the relative gap to BF16 in percent."""
 from __future__ import annotations
 

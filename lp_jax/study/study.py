@@ -28,7 +28,8 @@ from lp_jax.training.metrics import read_metrics
 class StudyOptions:
     config: str | None  # YAML run config (None: the trainer's defaults)
     # Dotted key=value, applied to every run; NAME:key=value only to run NAME (nvfp4,
-    # fp8_cs, nvfp4_no_rht, ...), e.g. nvfp4:data.micro_batch_size=4 as in the NVFP4 paper.
+    # fp8_cs, nvfp4_no_rht, ...), e.g. nvfp4:data.micro_batch_size=4, as the Megatron Bridge
+    # study ran NVFP4.
     overrides: tuple[str, ...] = ()
     precisions: str = DEFAULT_PRECISIONS
     ablations: bool = False  # add the NVFP4 ablation runs
