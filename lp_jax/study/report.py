@@ -7,14 +7,11 @@ import os
 import pathlib
 import time
 
-from lp_jax.study import curves, plots, throughput
+from lp_jax.study import curves, plots, seeds, throughput
 from lp_jax.study.tables import fmt as _fmt, pct as _pct, table as _table
 from lp_jax.study.tables import table1, table2, table3
-from lp_jax.study.variants import REFERENCE
+from lp_jax.study.variants import REFERENCE, TARGETS
 
-# The study's targets for the final validation loss against BF16 (default policies): a
-# cap on how much worse than BF16 a precision may end; ending lower than BF16 meets them.
-TARGETS = {"fp8_cs": 0.01, "mxfp8": 0.01, "nvfp4": 0.03}
 CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
 
 
@@ -171,7 +168,9 @@ def _command(options) -> str:
 
 
 def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: str | None,
-                 seconds: float) -> dict:
+                 seconds: float, by_seed: dict | None = None) -> dict:
+    """``entries``: the runs shown in detail (the first seed's); ``by_seed``: {seed: its
+    entries} for a multi-seed study, which adds the statistics across seeds."""
     numbers = collect_numbers(entries, out)
     config = entries[0]["config"]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
@@ -195,18 +194,34 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
                "eval_settings": {"tasks": list(options.tasks), "limit": options.limit,
                                  "shots": options.shots},
                "targets": TARGETS, "runs": numbers, "figures": [f for _, f in figures]}
+    seed_lines = []
+    if by_seed:
+        across = seeds.summarize({s: collect_numbers(e, out) for s, e in by_seed.items()})
+        band = seeds.noise_band(across)
+        figure = None
+        if across:
+            figure = "gaps_by_seed.png"
+            plots.gaps_figure(out / figure, across, band)
+            summary["figures"].append(figure)
+        summary["seeds"] = {"seeds": sorted(by_seed), "runs": across,
+                            "twin_band": None if band is None else list(band)}
+        seed_lines = seeds.markdown(across, sorted(by_seed), figure)
     (out / "study.json").write_text(_compact_json(summary) + "\n")
-    (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted))
+    (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted,
+                                             seed_lines))
     return summary
 
 
-def _markdown(entries, numbers, figures, options, interrupted) -> str:
+def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) -> str:
     lines = ["# Training-precision study", ""]
     if interrupted:
         lines += [f"**Interrupted ({interrupted}): partial report; re-run the same command to "
                   "resume.**", ""]
     lines += _setup_lines(entries, options) + [""]
-    lines += ["## Final losses", "",
+    heading = "## Final losses"
+    if seed_lines:
+        heading += f" (seed {entries[0]['config'].seed}, shown in detail; every seed: Across seeds)"
+    lines += [heading, "",
               "Final validation loss at the last step; training loss averaged over the last "
               "2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
               "validation gap averages the gaps of every validation in the second half of "
@@ -226,6 +241,7 @@ def _markdown(entries, numbers, figures, options, interrupted) -> str:
                       "gap to BF16", "target (final val gap)"], rows), ""]
     for title, name in figures:
         lines += [f"![{title}]({name})", ""]
+    lines += list(seed_lines)
     lines += table1(numbers, options) + table2(numbers) + table3(numbers)
     ablations = {k: n for k, n in numbers.items() if n["group"] == "ablations" and k != "nvfp4"}
     if ablations:
