@@ -166,6 +166,7 @@ def run(plan: Plan) -> RunResult:
             # donates them, so hand the asynchronous save its own copy.
             to_save = jax.tree.map(jnp.copy, state)
         ckpt.save(step, to_save, train_it, {"config": to_dict(cfg), "recipe": plan.phase_at(step).name,
+                                            "model": llama.config_to_dict(plan.model_config),
                                             "jax": jax.__version__})
         saved_step = step
 

@@ -136,6 +136,12 @@ def _tokenizer(c: TrainConfig):
         raise ConfigError(f"data.tokenizer: {e}") from None
 
 
+def model_config(c: TrainConfig):
+    """The LlamaConfig a run of ``c`` builds, checked as ``resolve`` checks it (without the
+    devices or the data): for reading a saved run's model back."""
+    return _model_config(c, _tokenizer(c))
+
+
 def _model_config(c: TrainConfig, tokenizer):
     import jax.numpy as jnp
 
