@@ -1,12 +1,14 @@
-"""A training run to a Hugging Face folder: `python -m models.hf export RUN_DIR`, one-line
-errors.
+"""A training run to a Hugging Face folder and back: `python -m models.hf export RUN_DIR`,
+`init.hf` / `init.checkpoint`, one-line errors.
 
 transformers is not installed here: the export is loaded by tests/hf_numpy_llama.py, a NumPy
 reading of the folder the way LlamaForCausalLM reads it, which is first checked against the
 transformers logits committed in tests/fixtures/hf (scripts/hf_reference.py made them)."""
 import json
 import os
+import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -15,15 +17,22 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import lp_jax
+from lp_jax.training import cli
+from lp_jax.training import data as data_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
+from lp_jax.training.config_io import ConfigError
+from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.loop import run
+from lp_jax.training.metrics import read_metrics
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import abstract_state, split_model
+from lp_jax.training.step import token_nll
 from lp_jax.training.tokenizers import ByteTokenizer, HFTokenizer
 from lp_jax.training.validate import resolve
 from models import hf_cli, llama
 from models.hf_config import tensor_map
 from tests import hf_numpy_llama
+from tests.eval_toys import write_byte_level_tokenizer
 from tests.test_hf import TIED, UNTIED
 from tests.test_training_loop import tiny
 
@@ -140,6 +149,73 @@ def test_byte_tokenizer_files_encode_as_the_run(source):
     assert [tok.token_to_id(config[k]) for k in ("bos_token", "eos_token", "pad_token")] == [256, 257, 258]
 
 
+def _first_batch_loss(plan, params):
+    """The loss of `params` on the run's first batch, with its precision recipe."""
+    cfg = plan.config
+    splits = data_lib.open_splits(cfg.data, plan.tokenizer, plan.model_config.vocab_size,
+                                  cfg.seed, progress=False)
+    batch = next(data_lib.train_iterator(splits.train, cfg.seed, cfg.data.global_batch_size, 0))
+    model = nnx.merge(nnx.split(nnx.eval_shape(lambda: llama.Llama(plan.model_config,
+                                                                   rngs=nnx.Rngs(0))))[0], params)
+    lp_jax.apply_recipe(model, plan.phases[0].recipe)
+    fp32_weight_gradients(model)
+    logits = nnx.jit(lambda m, b: m(b["tokens"], positions=b["positions"],
+                                    segment_ids=b["segment_ids"]))(model, batch)
+    nll, count = token_nll(logits, jnp.asarray(batch["targets"]), jnp.asarray(batch["loss_mask"]))
+    return float(nll / count)
+
+
+def test_init_hf_starts_from_the_export_with_a_fresh_optimizer(source, tmp_path, token_cache):
+    config, root = source
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(root / "hf", hf_dir)
+    new = tiny(tmp_path / "new", token_cache, "steps=2", "stop_at=1", f"init.hf={hf_dir}",
+               "model.preset=llama3_8b")  # the preset is not used: the weights decide
+    plan = resolve(new)
+    assert plan.model_config == resolve(config).model_config
+    run(plan)
+    # Step 1 (the loss before any update) is the source's loss at step 3 on that batch.
+    _, src_state = _masters(config, 3)
+    expected = _first_batch_loss(plan, src_state["params"])
+    first = read_metrics(tmp_path / "new")[0]
+    assert first["loss"] == pytest.approx(expected, rel=1e-5)
+    assert abs(first["loss"] - read_metrics(root / "src")[0]["loss"]) > 0.1  # not a fresh init
+    # A fresh schedule (the first step at init_lr) and fresh Adam moments: after one step
+    # from zero, mu = (1 - b1) g and nu = (1 - b2) g^2, so mu^2 = (1-b1)^2/(1-b2) nu everywhere;
+    # moments carried over from the source would break that.
+    assert first["lr"] == new.schedule.init_lr == 0.0
+    _, state = _masters(new, 1)
+    adam = state["opt_state"][1][0]
+    assert int(adam.count) == 1 and int(state["opt_steps"]) == 1
+    b1, b2 = new.optimizer.b1, new.optimizer.b2
+    for mu, nu in zip(jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu)):
+        np.testing.assert_allclose(np.square(mu), (1 - b1) ** 2 / (1 - b2) * nu, rtol=1e-4,
+                                   atol=1e-30)
+    # lr 0 at step 1 leaves the weights exactly as exported.
+    exported = _hf_files(hf_dir)
+    flat = _flat_params(state)
+    for name, path, transpose in tensor_map(plan.model_config):
+        np.testing.assert_array_equal(flat[path], exported[name].T if transpose else exported[name])
+    # The resumed run continues its own checkpoint: the source is never read again.
+    shutil.rmtree(hf_dir)
+    result = run(resolve(tiny(tmp_path / "new", token_cache, "steps=2", f"init.hf={hf_dir}",
+                              "model.preset=llama3_8b")))
+    assert result.step == 2 and [m["step"] for m in read_metrics(tmp_path / "new")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_init_checkpoint_takes_another_runs_step(source, tmp_path, token_cache):
+    config, root = source
+    new = tiny(tmp_path / "new", token_cache, "steps=1", f"init.checkpoint={root / 'src'}@2")
+    run(resolve(new))
+    _, state = _masters(new, 1)
+    _, step2 = _masters(config, 2)
+    _, step3 = _masters(config, 3)
+    got, want, latest = _flat_params(state), _flat_params(step2), _flat_params(step3)
+    assert all(np.array_equal(got[p], want[p]) for p in want)  # lr 0 at step 1: untouched
+    assert not all(np.array_equal(got[p], latest[p]) for p in latest)  # @2, not the latest
+
+
 @pytest.mark.slow
 def test_nvfp4_run_exports_its_fp32_masters(tmp_path, token_cache):
     config = tiny(tmp_path / "run", token_cache, "steps=2", "precision=nvfp4",
@@ -160,9 +236,21 @@ def test_nvfp4_run_exports_its_fp32_masters(tmp_path, token_cache):
     assert not np.array_equal(np.asarray(fp4), kernel)
 
 
+def _train_check(capsys, *overrides):
+    """train.py --check with overrides: (exit status, stderr)."""
+    status = cli.main(["--config", "configs/tiny.yaml", "--check", *overrides])
+    return status, capsys.readouterr().err
+
+
+def _edit(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    config = {**json.load(open(path)), **changes}
+    json.dump(config, open(path, "w"))
+
+
 def test_bad_inputs_are_one_line_and_exit_2(source, tmp_path, capsys):
     _, root = source
-    src = str(root / "src")
+    src, hf_dir = str(root / "src"), str(root / "hf")
     capsys.readouterr()
     # Export: a run folder without checkpoints, a step that does not exist, a preset.
     (tmp_path / "empty_run").mkdir()
@@ -178,3 +266,37 @@ def test_bad_inputs_are_one_line_and_exit_2(source, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not os.path.exists(tmp_path / "o")
+    # train.py: another architecture, another vocabulary, a step that does not exist.
+    mistral = tmp_path / "mistral"
+    shutil.copytree(hf_dir, mistral)
+    _edit(mistral, architectures=["MistralForCausalLM"], model_type="mistral")
+    other_tokenizer = tmp_path / "bpe"
+    shutil.copytree(hf_dir, other_tokenizer)
+    write_byte_level_tokenizer(other_tokenizer / "tokenizer.json")  # 320 BPE ids, not bytes
+    run_dir = f"run_dir={tmp_path / 'new'}"
+    for overrides, message in [
+        ([f"init.hf={mistral}"], "unsupported architecture ['MistralForCausalLM']"),
+        ([f"init.hf={UNTIED}"], "the weights have a vocabulary of 96 ids, fewer than "
+                                "data.tokenizer 'bytes''s 259"),
+        ([f"init.hf={other_tokenizer}"], "which encodes text differently from data.tokenizer "
+                                         f"'bytes' (259 ids); set data.tokenizer=hf:{other_tokenizer}"),
+        ([f"init.hf={hf_dir}", "model.hidden_size=256"],
+         f"model.hidden_size=256 does not fit the weights of init.hf={hf_dir} (hidden_size 128)"),
+        ([f"init.checkpoint={src}@9"], "no checkpoint of step 9; saved steps: 2, 3"),
+        ([f"init.checkpoint={tmp_path / 'empty_run'}"], "no checkpoints"),
+        ([f"init.hf={hf_dir}", f"init.checkpoint={src}"], "init.hf and init.checkpoint are both set"),
+        ([f"init.hf={tmp_path / 'nowhere'}"], "nowhere: no such folder"),
+    ]:
+        status, err = _train_check(capsys, run_dir, *overrides)
+        assert status == 2 and err.startswith("train.py: error: ") and err.count("\n") == 1, err
+        assert message in err, err
+
+
+def test_init_keeps_the_weights_architecture_and_set_keys(source, tmp_path, token_cache):
+    config, root = source
+    plan = resolve(tiny(tmp_path, token_cache, f"init.hf={root / 'hf'}", "model.rope_theta=20000",
+                        "model.remat=full", "model.vocab_size=384"))
+    assert plan.model_config == resolve(config).model_config.replace(rope_theta=20000.0,
+                                                                      remat="full")
+    with pytest.raises(ConfigError, match="must be <= model.max_seq_len=256"):
+        resolve(tiny(tmp_path, token_cache, f"init.hf={root / 'hf'}", "data.seq_len=512"))
