@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import lp_jax
+from lp_jax.evaluation import loading
 from lp_jax.training import cli
 from lp_jax.training import data as data_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
@@ -201,6 +202,9 @@ def test_init_hf_starts_from_the_export_with_a_fresh_optimizer(source, tmp_path,
     result = run(resolve(tiny(tmp_path / "new", token_cache, "steps=2", f"init.hf={hf_dir}",
                               "model.preset=llama3_8b")))
     assert result.step == 2 and [m["step"] for m in read_metrics(tmp_path / "new")] == [1, 2]
+    # eval.py --checkpoint builds the model the checkpoint records, not the unused preset.
+    loaded = loading.load_from_run_dir(str(tmp_path / "new"))
+    assert loaded.source.endswith("@2") and loaded.model.config.num_layers == 4
 
 
 @pytest.mark.slow

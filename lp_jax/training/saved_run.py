@@ -111,6 +111,16 @@ def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict |
             return step, None
 
 
+def recorded_model_config(checkpoint_dir: str, step: int | None = None):
+    """The LlamaConfig a checkpoint records (the loop writes it into `meta`), or None for
+    checkpoints that record none."""
+    from models.config import config_from_dict
+
+    _, meta = read_meta(checkpoint_dir, step)
+    model = (meta or {}).get("model")
+    return config_from_dict(model) if isinstance(model, dict) else None
+
+
 def _config(meta: dict, path: str):
     from lp_jax.training.config import TrainConfig
     from lp_jax.training.config_io import ConfigError, from_dict
