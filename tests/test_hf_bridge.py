@@ -150,6 +150,19 @@ def test_byte_tokenizer_files_encode_as_the_run(source):
     assert [tok.token_to_id(config[k]) for k in ("bos_token", "eos_token", "pad_token")] == [256, 257, 258]
 
 
+def test_eval_reads_the_export_as_it_reads_the_run(source):
+    """eval.py --hf on the export scores what eval.py --checkpoint scores on the run."""
+    _, root = source
+    exported = loading.load_from_hf_dir(str(root / "hf"), dtype=jnp.float32)
+    trained = loading.load_from_run_dir(str(root / "src"), dtype=jnp.float32)
+    assert exported.max_length == trained.max_length == 256
+    assert exported.tokenizer.bos_id == trained.tokenizer.bos_id == 256
+    assert exported.tokenizer.encode(TEXT) == trained.tokenizer.encode(TEXT)
+    tokens = jnp.asarray([[256] + trained.tokenizer.encode(TEXT)], jnp.int32)
+    forward = nnx.jit(lambda m, t: m(t))
+    np.testing.assert_array_equal(forward(exported.model, tokens), forward(trained.model, tokens))
+
+
 def _first_batch_loss(plan, params):
     """The loss of `params` on the run's first batch, with its precision recipe."""
     cfg = plan.config
