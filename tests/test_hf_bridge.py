@@ -293,8 +293,8 @@ def test_bad_inputs_are_one_line_and_exit_2(source, tmp_path, capsys):
     run_dir = f"run_dir={tmp_path / 'new'}"
     for overrides, message in [
         ([f"init.hf={mistral}"], "unsupported architecture ['MistralForCausalLM']"),
-        ([f"init.hf={UNTIED}"], "the weights have a vocabulary of 96 ids, fewer than "
-                                "data.tokenizer 'bytes''s 259"),
+        ([f"init.hf={UNTIED}"], "the weights have a vocabulary of 96 ids, fewer than the 259 "
+                                "of data.tokenizer 'bytes'"),
         ([f"init.hf={other_tokenizer}"], "which encodes text differently from data.tokenizer "
                                          f"'bytes' (259 ids); set data.tokenizer=hf:{other_tokenizer}"),
         ([f"init.hf={hf_dir}", "model.hidden_size=256"],

@@ -120,7 +120,7 @@ def _check_vocabulary(cfg, tokenizer, source_tokenizer: str | None, key: str) ->
     """The run's tokenizer must index the weights' embedding rows as their own did."""
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ConfigError(f"{key}: the weights have a vocabulary of {cfg.vocab_size} ids, fewer "
-                          f"than data.tokenizer {tokenizer.name!r}'s {tokenizer.vocab_size}")
+                          f"than the {tokenizer.vocab_size} of data.tokenizer {tokenizer.name!r}")
     if source_tokenizer is None or source_tokenizer == tokenizer.name:
         return  # nothing to compare with (no tokenizer.json, mock data), or the same one
     try:
