@@ -183,7 +183,8 @@ def test_init_hf_starts_from_the_export_with_a_fresh_optimizer(source, tmp_path,
     config, root = source
     hf_dir = tmp_path / "hf"
     shutil.copytree(root / "hf", hf_dir)
-    new = tiny(tmp_path / "new", token_cache, "steps=2", "stop_at=1", f"init.hf={hf_dir}",
+    # steps=3 as the source (stop_at changes nothing else): the compiled step is reused.
+    new = tiny(tmp_path / "new", token_cache, "steps=3", "stop_at=1", f"init.hf={hf_dir}",
                "model.preset=llama3_8b")  # the preset is not used: the weights decide
     plan = resolve(new)
     assert plan.model_config == resolve(config).model_config
@@ -212,18 +213,18 @@ def test_init_hf_starts_from_the_export_with_a_fresh_optimizer(source, tmp_path,
         np.testing.assert_array_equal(flat[path], exported[name].T if transpose else exported[name])
     # The resumed run continues its own checkpoint: the source is never read again.
     shutil.rmtree(hf_dir)
-    result = run(resolve(tiny(tmp_path / "new", token_cache, "steps=2", f"init.hf={hf_dir}",
-                              "model.preset=llama3_8b")))
+    result = run(resolve(tiny(tmp_path / "new", token_cache, "steps=3", "stop_at=2",
+                              f"init.hf={hf_dir}", "model.preset=llama3_8b")))
     assert result.step == 2 and [m["step"] for m in read_metrics(tmp_path / "new")] == [1, 2]
     # eval.py --checkpoint builds the model the checkpoint records, not the unused preset.
     loaded = loading.load_from_run_dir(str(tmp_path / "new"))
     assert loaded.source.endswith("@2") and loaded.model.config.num_layers == 4
 
 
-@pytest.mark.slow
 def test_init_checkpoint_takes_another_runs_step(source, tmp_path, token_cache):
     config, root = source
-    new = tiny(tmp_path / "new", token_cache, "steps=1", f"init.checkpoint={root / 'src'}@2")
+    new = tiny(tmp_path / "new", token_cache, "steps=3", "stop_at=1",
+               f"init.checkpoint={root / 'src'}@2")
     run(resolve(new))
     _, state = _masters(new, 1)
     _, step2 = _masters(config, 2)
