@@ -168,6 +168,18 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """Start a new run from existing weights (init_weights.py), with a fresh optimizer and
+    schedule. The model keys come from those weights unless set; a resumed run restores its
+    own checkpoints and ignores these."""
+
+    # A Hugging Face Llama folder (config.json + safetensors), e.g. one exported from a run.
+    hf: Optional[str] = None
+    # Another run's checkpoint: RUN_DIR (its latest step) or RUN_DIR@STEP.
+    checkpoint: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
     """metrics.jsonl, TensorBoard, progress bar, validation."""
 
@@ -243,6 +255,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    init: InitConfig = InitConfig()
     logging: LoggingConfig = LoggingConfig()
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()

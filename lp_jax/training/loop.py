@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from lp_jax.training import data as data_lib
+from lp_jax.training import init_weights
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
 from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
@@ -136,6 +137,7 @@ def run(plan: Plan) -> RunResult:
                 "the run will not match an uninterrupted one")
     else:
         state = init_state(build_model, tx, cfg.seed, shardings)
+        state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
     say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
         f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
@@ -165,6 +167,7 @@ def run(plan: Plan) -> RunResult:
             # donates them, so hand the asynchronous save its own copy.
             to_save = jax.tree.map(jnp.copy, state)
         ckpt.save(step, to_save, train_it, {"config": to_dict(cfg), "recipe": plan.phase_at(step).name,
+                                            "model": llama.config_to_dict(plan.model_config),
                                             "jax": jax.__version__})
         saved_step = step
 

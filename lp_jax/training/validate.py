@@ -136,7 +136,25 @@ def _tokenizer(c: TrainConfig):
         raise ConfigError(f"data.tokenizer: {e}") from None
 
 
+def model_config(c: TrainConfig):
+    """The LlamaConfig a run of ``c`` builds, checked as ``resolve`` checks it (without the
+    devices or the data): for reading a saved run's model back."""
+    return _model_config(c, _tokenizer(c))
+
+
 def _model_config(c: TrainConfig, tokenizer):
+    if c.init.hf or c.init.checkpoint:
+        from lp_jax.training import init_weights
+
+        cfg = init_weights.model_config(c, tokenizer)  # the architecture of those weights
+    else:
+        cfg = _preset_model_config(c, tokenizer)
+    _fail_unless(cfg.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
+                 f"must be <= model.max_seq_len={cfg.max_seq_len}")
+    return cfg
+
+
+def _preset_model_config(c: TrainConfig, tokenizer):
     import jax.numpy as jnp
 
     from models import llama
@@ -154,8 +172,6 @@ def _model_config(c: TrainConfig, tokenizer):
         model_config = llama.preset(c.model.preset, **overrides)
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"model: {_one_line(e)}") from None
-    _fail_unless(model_config.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
-                 f"must be <= model.max_seq_len={model_config.max_seq_len}")
     return model_config
 
 
