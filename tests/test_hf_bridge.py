@@ -22,7 +22,6 @@ from lp_jax.training import cli
 from lp_jax.training import data as data_lib
 from lp_jax.training.checkpoint import Checkpointer, abstract_like
 from lp_jax.training.config_io import ConfigError
-from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
@@ -171,8 +170,7 @@ def _first_batch_loss(plan, params):
     batch = next(data_lib.train_iterator(splits.train, cfg.seed, cfg.data.global_batch_size, 0))
     model = nnx.merge(nnx.split(nnx.eval_shape(lambda: llama.Llama(plan.model_config,
                                                                    rngs=nnx.Rngs(0))))[0], params)
-    lp_jax.apply_recipe(model, plan.phases[0].recipe)
-    fp32_weight_gradients(model)
+    lp_jax.apply_recipe(model, plan.phases[0].recipe)  # the LM head's GEMM as the trainer's
     logits = nnx.jit(lambda m, b: m(b["tokens"], positions=b["positions"],
                                     segment_ids=b["segment_ids"]))(model, batch)
     nll, count = token_nll(logits, jnp.asarray(batch["targets"]), jnp.asarray(batch["loss_mask"]))
