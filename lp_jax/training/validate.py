@@ -70,7 +70,7 @@ def resolve(config: TrainConfig) -> Plan:
                              {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
                              config.data.micro_batch_size, config.data.seq_len)
     _check_data(config)
-    _check_checkpoint_dir(config)
+    _check_run_folders(config)
     return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
                 config.data.global_batch_size // per_pass, tensor)
 
@@ -235,12 +235,24 @@ def _check_data(c: TrainConfig) -> None:
                                       f"is {d.tokenizer!r}")
 
 
-def _check_checkpoint_dir(c: TrainConfig) -> None:
-    directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+def _check_run_folders(c: TrainConfig) -> None:
+    """The run folder and the checkpoint folder take files (a probe write, before hours of
+    training end in a save that cannot happen), and a fresh run finds no checkpoints."""
+    from lp_jax.training.folders import write_problem
+
+    directory = checkpoint_dir(c)
+    for key, folder in (("run_dir", c.run_dir), ("checkpoint.dir", directory)):
+        problem = write_problem(folder)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
     if not c.checkpoint.resume and os.path.isdir(directory) and any(
             name.isdigit() for name in os.listdir(directory)):
         raise ConfigError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
                           "choose another run_dir or remove them")
+
+
+def checkpoint_dir(c: TrainConfig) -> str:
+    return c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
 
 
 def _one_line(e: BaseException) -> str:
