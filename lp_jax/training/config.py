@@ -218,7 +218,8 @@ class DistributedConfig:
 class DebugConfig:
     """Fault injection for tests of the run's safety nets."""
 
-    # Steps whose loss and gradients are multiplied by NaN (tests the non-finite guard).
+    # Steps fed an id outside the vocabulary, whose embedding lookup is NaN, so that loss
+    # and gradients are NaN (tests the non-finite guard on the production step).
     inject_nan_at_steps: tuple[int, ...] = ()
 
 
