@@ -22,19 +22,21 @@ from flax import nnx
 
 from lp_jax.training import data as data_lib
 from lp_jax.training import metrics as metrics_lib
-from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
+from lp_jax.training.checkpoint import (DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError,
+                                       abstract_like)
+from lp_jax.training.config_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
 from lp_jax.training.head_gemm import fp32_weight_gradients
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import (abstract_state, init_state, make_mesh, place_batch,
                                    split_model, state_shardings)
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
-from lp_jax.training.validate import Phase, Plan, checkpoint_dir
+from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
 
 
 class NonFiniteLossError(RuntimeError):
-    """optimizer.on_nonfinite=stop and a step's loss or gradient norm was not finite."""
+    """A step's loss or gradient norm was not finite and optimizer.on_nonfinite=stop, or
+    optimizer.max_nonfinite_in_a_row such steps came in a row."""
 
 
 @dataclasses.dataclass
@@ -122,30 +124,30 @@ class _Run:
     progress: metrics_lib.Progress
     device: Any  # this process's first device (memory stats, platform, peak table)
     saved_step: int
+    nonfinite_in_a_row: int = 0
 
-    def close(self) -> None:
+    def close(self, failing: bool) -> None:
         self.progress.close()
         self.writer.close()
-        self.ckpt.close()  # waits for an asynchronous save in flight
+        try:
+            self.ckpt.close()  # waits for an asynchronous save in flight
+        except CheckpointWriteError:
+            if not failing:  # the error that is already on its way says more
+                raise
 
 
 def build(plan: Plan) -> _Run:
-    """Everything before step 1: the run folder, the checkpointer, the data, the state
-    (restored or fresh), the step."""
+    """Everything before step 1: data (checked first, so a bad file leaves no run folder
+    behind), the run folder, the checkpointer, the state (restored or fresh), the step."""
     from models import llama
 
     cfg = plan.config
     primary = is_primary()  # process 0 writes the run folder's files and prints
     say = _Console(primary)
-    run_dir = pathlib.Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if primary:
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
     spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
     tx = make_optimizer(spec.optimizer)
     global_batch = cfg.data.global_batch_size
-    ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
 
     splits = data_lib.open_splits(cfg.data, plan.tokenizer, plan.model_config.vocab_size,
                                   cfg.seed, progress=cfg.logging.progress_bar)
@@ -157,6 +159,10 @@ def build(plan: Plan) -> _Run:
         val_data = data_lib.validation_batches(splits.val, global_batch,
                                                cfg.logging.val_batches, rows=rows)
 
+    run_dir = pathlib.Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
+
     def build_model():
         return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
 
@@ -165,8 +171,16 @@ def build(plan: Plan) -> _Run:
     abstract_model = nnx.eval_shape(build_model)
     target = abstract_state(split_model(abstract_model), tx, cfg.seed)
     shardings = state_shardings(target, mesh)
-    start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
-                    if cfg.checkpoint.resume else (0, None))
+    try:
+        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
+                        if cfg.checkpoint.resume else (0, None))
+    except BaseException:
+        ckpt.close()
+        raise
+    if primary:
+        # Once the resume is settled: a run refused for another model leaves the config.yaml
+        # that describes the checkpoints beside it (eval.py builds the model from it).
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     if state is None:
         state = init_state(build_model, tx, cfg.seed, shardings)
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
@@ -189,17 +203,35 @@ def build(plan: Plan) -> _Run:
 
 
 def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
-    """(step, state) of the latest checkpoint, or (0, None) when there is none yet."""
-    start = ckpt.latest_step() or 0
-    if not start:
+    """(step, state) of the newest checkpoint that restores, or (0, None) when there is
+    none yet; a folder whose checkpoints all fail, or that holds another model, is a
+    ConfigError (one line naming it), never a fresh start over the user's checkpoints."""
+    cfg = plan.config
+
+    def same_model(step, meta):
+        changes = model_shape_changes(meta.get("config", {}), plan)
+        if changes:
+            raise ConfigError(
+                f"checkpoint {step} in {ckpt.directory!r} is of another model: "
+                f"{', '.join(changes)}; model keys cannot change on resume (precision, mesh "
+                "and schedule can): use another run_dir for this model")
+
+    found = ckpt.restore_newest(target, train_it, check=same_model)
+    for step, why in found.skipped:
+        say(f"warning: checkpoint {step} in {ckpt.directory} cannot be restored ({why})"
+            + (f"; set aside as {step}{DAMAGED_SUFFIX}" if found.step is not None else ""))
+    if found.step is None:
+        if found.skipped:
+            raise ConfigError(f"checkpoint.dir: no checkpoint in {ckpt.directory!r} can be "
+                              f"restored (steps {', '.join(str(s) for s, _ in found.skipped)}); "
+                              "move the folder aside to start afresh")
         return 0, None
-    state, meta = ckpt.restore(start, target, train_it)
-    say(f"resumed from step {start} ({ckpt.directory})")
-    changed = changed_keys(with_defaults(meta.get("config", {})), to_dict(plan.config))
+    say(f"resumed from step {found.step} ({ckpt.directory})")
+    changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
     if changed:
         say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
             "the run will not match an uninterrupted one")
-    return start, state
+    return found.step, found.state
 
 
 def _with_recipe(model, phase: Phase, say) -> Any:
@@ -220,6 +252,7 @@ def run(plan: Plan) -> RunResult:
     end = cfg.end_step
     result = RunResult(r.start, None, None, int(r.state["nonfinite_steps"]), False,
                        str(pathlib.Path(cfg.run_dir)))
+    failing = True
     try:
         with _StopSignal() as stop:
             for step in range(r.start + 1, end + 1):
@@ -239,8 +272,9 @@ def run(plan: Plan) -> RunResult:
         result.stopped_early = result.step < cfg.steps
         if result.stopped_early and not stop.received and r.start < end:
             r.say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
+        failing = False
     finally:
-        r.close()
+        r.close(failing)
     return result
 
 
@@ -287,13 +321,23 @@ def _out_of_vocabulary(batch: dict, vocab_size: int) -> dict:
 
 def _guard_nonfinite(r: _Run, step: int, m: dict) -> None:
     if m["finite"]:
+        r.nonfinite_in_a_row = 0
         return
+    r.nonfinite_in_a_row += 1
     loss, norm = float(m["loss"]), float(m["grad_norm"])
     r.say(f"step {step}: non-finite loss {loss} or gradient norm {norm}; update skipped")
-    if r.plan.config.optimizer.on_nonfinite == "stop":
+    untouched = (f"the last checkpoint (step {r.saved_step}) is untouched" if r.saved_step
+                 else "no checkpoint was written")
+    o = r.plan.config.optimizer
+    if o.on_nonfinite == "stop":
         raise NonFiniteLossError(f"step {step}: loss {loss}, gradient norm {norm} "
-                                 f"(optimizer.on_nonfinite=stop); the last checkpoint (step "
-                                 f"{r.saved_step}) is untouched")
+                                 f"(optimizer.on_nonfinite=stop); {untouched}")
+    n = r.nonfinite_in_a_row
+    if o.max_nonfinite_in_a_row and n >= o.max_nonfinite_in_a_row:
+        raise NonFiniteLossError(
+            f"steps {step - n + 1}-{step}: {n} non-finite steps in a row "
+            f"(optimizer.max_nonfinite_in_a_row={o.max_nonfinite_in_a_row}), so nothing is "
+            f"being learned: the data or the weights are broken; {untouched}")
 
 
 def _validation_due(cfg, step: int) -> bool:

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from lp_jax.training.config import PrecisionConfig, TrainConfig
-from lp_jax.training.config_io import ConfigError
+from lp_jax.training.config_io import ConfigError, from_dict
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
@@ -75,6 +75,29 @@ def resolve(config: TrainConfig) -> Plan:
                 config.data.global_batch_size // per_pass, tensor)
 
 
+# LlamaConfig fields that fix the parameters' shapes, and so a checkpoint's; the others
+# (remat, scan, attention kernel, compute dtype, RoPE base, ...) may change on resume.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_embeddings")
+
+
+def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
+    """``model.<field> (checkpoint A, now B)`` for each field of SHAPE_FIELDS in which the
+    model of a saved config (a checkpoint's) differs from the plan's, both resolved the
+    same way, so that a preset's value and the same value written out compare equal.
+    [] when the saved config no longer resolves (a removed key or preset): the restore
+    then decides."""
+    try:
+        config = from_dict(TrainConfig, saved)
+        same_tokens = (config.data.source, config.data.tokenizer) == (
+            plan.config.data.source, plan.config.data.tokenizer)
+        saved_model = _model_config(config, plan.tokenizer if same_tokens else _tokenizer(config))
+    except (ConfigError, TypeError, ValueError):
+        return []
+    return [f"model.{f} (checkpoint {getattr(saved_model, f)}, now {getattr(plan.model_config, f)})"
+            for f in SHAPE_FIELDS if getattr(saved_model, f) != getattr(plan.model_config, f)]
+
+
 def _fail_unless(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
@@ -103,6 +126,8 @@ def _check_scalars(c: TrainConfig) -> None:
     _fail_unless(o.clip_grad_norm >= 0, "optimizer.clip_grad_norm", o.clip_grad_norm, "must be >= 0 (0 disables)")
     _fail_unless(o.on_nonfinite in ON_NONFINITE, "optimizer.on_nonfinite", o.on_nonfinite,
                  f"choose one of {', '.join(ON_NONFINITE)}")
+    _fail_unless(o.max_nonfinite_in_a_row >= 0, "optimizer.max_nonfinite_in_a_row",
+                 o.max_nonfinite_in_a_row, "must be >= 0 (0: no limit)")
     s = c.schedule
     _fail_unless(s.decay in DECAYS, "schedule.decay", s.decay, f"choose one of {', '.join(DECAYS)}")
     for key in ("peak_lr", "min_lr", "init_lr"):
