@@ -231,14 +231,16 @@ def _mesh(c: TrainConfig) -> tuple[int, int, int]:
 
 def _check_data(c: TrainConfig) -> None:
     from lp_jax.training import shards
-    from lp_jax.training.prepare_data import text_files
+    from lp_jax.training.prepare_data import split_by_file, text_files
 
     d = c.data
     if d.source == "text":
         for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
             if globs:
                 try:
-                    text_files(globs)
+                    files, root, _ = text_files(globs)
+                    if key == "data.paths" and not d.val_paths:
+                        split_by_file(files, root, d.val_fraction)  # one file cannot be split
                 except ValueError as e:
                     raise ConfigError(f"{key}: {e}") from None
     elif d.source == "tokens":
