@@ -118,8 +118,8 @@ def test_resume_with_another_model_shape_names_the_keys(run, token_cache, capsys
     assert (run / "config.yaml").read_text() == config  # eval.py still builds the 128 model
 
 
-def _plan(*overrides) -> Plan:
-    return resolve(load_config(None, ["data.source=mock", "run_dir=/tmp/unused", *overrides]))
+def _plan(run_dir, *overrides) -> Plan:
+    return resolve(load_config(None, ["data.source=mock", f"run_dir={run_dir}", *overrides]))
 
 
 def _saved(*overrides) -> dict:
@@ -135,8 +135,8 @@ def _saved(*overrides) -> dict:
     ([], ["model.tie_embeddings=true", "model.vocab_size=512"],
      ["model.vocab_size (checkpoint 384, now 512)", "model.tie_embeddings (checkpoint False, now True)"]),
 ])
-def test_which_model_keys_block_a_resume(saved, now, changes):
-    assert model_shape_changes(_saved(*saved), _plan(*now)) == changes
+def test_which_model_keys_block_a_resume(saved, now, changes, tmp_path):
+    assert model_shape_changes(_saved(*saved), _plan(tmp_path, *now)) == changes
 
 
 def test_a_tokenizer_change_shows_as_the_vocabulary(tmp_path):
@@ -145,6 +145,6 @@ def test_a_tokenizer_change_shows_as_the_vocabulary(tmp_path):
     words = {f"w{i}": i for i in range(598)} | {"<s>": 598, "</s>": 599}
     Tokenizer(models.WordLevel(words, unk_token="<s>")).save(str(tmp_path / "tokenizer.json"))
     saved = _saved(f"data.tokenizer=hf:{tmp_path / 'tokenizer.json'}", "data.source=text")
-    plan = resolve(load_config(None, ["run_dir=/tmp/unused"]))  # bytes: 259 ids, vocab 384
+    plan = resolve(load_config(None, [f"run_dir={tmp_path / 'run'}"]))  # bytes: 259 ids, vocab 384
     assert plan.tokenizer.vocab_size == ByteTokenizer.vocab_size
     assert model_shape_changes(saved, plan) == ["model.vocab_size (checkpoint 640, now 384)"]
