@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx import traversals
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
@@ -63,11 +63,20 @@ def read_hf_config(path: str) -> dict:
         raise HFError(f"{config_path} is not valid JSON: {e}") from None
 
 
+def _safe_open(file: str):
+    """safe_open, with a file that is not whole safetensors (a download cut short) as one
+    HFError line: safetensors checks the header and the data length when it opens."""
+    try:
+        return safe_open(file, framework="numpy")
+    except SafetensorError as e:
+        raise HFError(f"{file} is not a readable safetensors file (truncated?): {e}") from None
+
+
 def _weight_files(path: str) -> dict[str, str]:
     """HF tensor name -> safetensors file holding it."""
     single, index = os.path.join(path, SINGLE_FILE), os.path.join(path, INDEX_FILE)
     if os.path.isfile(single):
-        with safe_open(single, framework="numpy") as f:
+        with _safe_open(single) as f:
             return {name: single for name in f.keys()}
     if os.path.isfile(index):
         with open(index) as f:
@@ -96,7 +105,7 @@ def check_tensors(path: str, cfg: LlamaConfig) -> dict[str, str]:
         raise HFError(f"missing tensor {missing[0]} in {path} ({len(missing)} missing in all)")
     shapes = _hf_shapes(cfg)
     for file, names in _by_file(files, expected).items():
-        with safe_open(file, framework="numpy") as f:
+        with _safe_open(file) as f:
             for name in names:
                 sl = f.get_slice(name)
                 code, shape = sl.get_dtype(), tuple(sl.get_shape())
@@ -120,7 +129,7 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
     files = check_tensors(path, cfg)
     out = {}
     for file, names in _by_file(files, files).items():
-        with safe_open(file, framework="numpy") as f:
+        with _safe_open(file) as f:
             for name in names:
                 out[name] = f.get_tensor(name)
     return out

@@ -68,8 +68,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     for batch in batches(cfg.vocab_size):
         if perturb == "reversed":  # the same examples, rows in the opposite order
             batch = {k: v[::-1].copy() for k, v in batch.items()}
-        state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh),
-                                    jnp.float32(1))
+        state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh))
         losses.append(float(metrics["loss"]))
     return {"recipe": recipe, "dtype": dtype, "mesh": list(mesh_sizes), "perturbed": perturb,
             "losses": losses, "q_proj_shard": shard}

@@ -24,7 +24,7 @@ def test_save_restore_state_and_iterator(tmp_path, async_save):
     ckpt = Checkpointer(tmp_path / "ck", keep=2, async_save=async_save)
     for step in range(1, 5):
         host = next(it)
-        state, _ = train_step(graphdef, spec, state, place_batch(host, 1, spec.mesh), jnp.float32(1))
+        state, _ = train_step(graphdef, spec, state, place_batch(host, 1, spec.mesh))
         ckpt.save(step, jax.tree.map(jnp.copy, state), it, {"step": step})
     expected_batch = next(it)
     ckpt.close()

@@ -112,8 +112,7 @@ def xla_step_memory(plan, graphdef, state, mesh) -> dict:
     batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=rows)
              for k, v in _micro_batch(per_pass, cfg.data.seq_len).items()}
     step = jitted_train_step(spec, abstract)
-    compiled = step.lower(graphdef, spec, abstract, batch,
-                          jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    compiled = step.lower(graphdef, spec, abstract, batch).compile()
     analysis = compiled.memory_analysis()
     if analysis is None:
         return {}

@@ -133,6 +133,9 @@ class OptimizerConfig:
     # A step whose loss or gradient norm is not finite: skip (no update; counted and
     # logged as nonfinite_steps) or stop (exit 1 with a message; nothing is saved).
     on_nonfinite: str = "skip"
+    # With skip: this many non-finite steps in a row stop the run as `stop` would (exit 1),
+    # since no update is being made (broken data or weights); 0: no limit.
+    max_nonfinite_in_a_row: int = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +233,8 @@ class DistributedConfig:
 class DebugConfig:
     """Fault injection for tests of the run's safety nets."""
 
-    # Steps whose loss and gradients are multiplied by NaN (tests the non-finite guard).
+    # Steps fed an id outside the vocabulary, whose embedding lookup is NaN, so that loss
+    # and gradients are NaN (tests the non-finite guard on the production step).
     inject_nan_at_steps: tuple[int, ...] = ()
 
 
