@@ -9,7 +9,7 @@ from lp_jax.training.checkpoint import Checkpointer, PoisonedStateError, abstrac
 from lp_jax.training.partitioning import state_shardings
 from lp_jax.training.state import place_batch
 from lp_jax.training.step import train_step
-from training_toy import setup
+from tests.toy_models import setup
 
 
 def iterator():

@@ -5,7 +5,7 @@ import numpy as np
 
 from lp_jax.training.state import place_batch
 from lp_jax.training.step import eval_step, train_step
-from training_toy import VOCAB, batch, setup
+from tests.toy_models import LM_VOCAB, batch, setup
 
 
 def run_step(graphdef, spec, state, host_batch):
@@ -45,7 +45,7 @@ def test_nonfinite_step_is_skipped_and_counted():
     before = jax.tree.map(np.asarray, state)
     # An id with no embedding row: the lookup yields NaN, as a shard from another
     # tokenizer would (the loop's debug.inject_nan_at_steps feeds the same).
-    after, m = run_step(graphdef, spec, state, dict(host, tokens=np.full_like(host["tokens"], VOCAB)))
+    after, m = run_step(graphdef, spec, state, dict(host, tokens=np.full_like(host["tokens"], LM_VOCAB)))
     assert not bool(m["finite"]) and np.isnan(float(m["loss"]))
     for a, b in zip(jax.tree.leaves(before["params"]) + jax.tree.leaves(before["opt_state"]),
                     jax.tree.leaves(after["params"]) + jax.tree.leaves(after["opt_state"])):
