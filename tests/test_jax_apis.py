@@ -1,5 +1,8 @@
 """The JAX APIs the GPU work uses exist and work on this JAX (CI runs this file on the oldest
 supported JAX, 0.11.2, and on the newest); names that came later fail in one clear line."""
+import pathlib
+import tomllib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +12,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lp_jax import jax_compat
 from lp_jax.jax_compat import JaxVersionError, jax_api, mosaic_gpu
+
+CPU = jax.devices("cpu")[0]  # the interpreter and CPU values, also where a GPU is the default
 
 GPU_APIS = [
     "jax.nn.scaled_matmul",
@@ -28,6 +33,15 @@ def test_gpu_api_exists(path):
 def test_installed_jax_is_supported():
     oldest = tuple(int(p) for p in jax_compat.OLDEST_JAX.split("."))
     assert jax.__version_info__ >= oldest, jax.__version__
+
+
+def test_one_oldest_jax_in_pyproject_ci_and_jax_compat():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(line.split("==") for line in (root / ".ci" / "oldest-jax.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert f"jax>={jax_compat.OLDEST_JAX}" in deps
+    assert pins == {"jax": jax_compat.OLDEST_JAX, "jaxlib": jax_compat.OLDEST_JAX}
 
 
 @pytest.mark.parametrize("name", jax_compat.MOSAIC_GPU_SINCE_0_12)
@@ -65,7 +79,8 @@ def test_mosaic_gpu_kernel_runs_in_the_cpu_interpreter():
         pl.run_scoped(scoped, plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier(num_arrivals=1))
 
     out_type = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    out = plgpu.kernel(body, out_type=out_type, interpret=plgpu.InterpretGPUParams())(x)
+    with jax.default_device(CPU):
+        out = plgpu.kernel(body, out_type=out_type, interpret=plgpu.InterpretGPUParams())(x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x) * 2 + 1)
     # The same kernel lowers for CUDA here (no GPU needed) to a Mosaic GPU custom call.
     text = jax.jit(plgpu.kernel(body, out_type=out_type)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
@@ -74,10 +89,11 @@ def test_mosaic_gpu_kernel_runs_in_the_cpu_interpreter():
 
 def test_pallas_call_with_mosaic_gpu_params_runs_in_the_cpu_interpreter():
     x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
-    out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] - 3.0),
-                         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                         compiler_params=mosaic_gpu("CompilerParams")(),
-                         interpret=mosaic_gpu("InterpretGPUParams")())(x)
+    with jax.default_device(CPU):
+        out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] - 3.0),
+                             out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             compiler_params=mosaic_gpu("CompilerParams")(),
+                             interpret=mosaic_gpu("InterpretGPUParams")())(x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x) - 3)
 
 
@@ -101,7 +117,7 @@ def test_scaled_matmul_lowers_to_cublas_block_scaled_dot_for_cuda():
 
 
 def test_scaled_matmul_on_cpu_is_the_dequantized_product():
-    a, b, sa, sb = _mx_operands()
+    a, b, sa, sb = jax.device_put(_mx_operands(), CPU)
     got = np.asarray(jax.jit(_scaled_matmul)(a, b, sa, sb))
     # q * 2^(e - 127) per 32 along K, exact in float64, as are the products and their sums.
     deq = lambda q, s: (np.asarray(q.astype(jnp.float32), np.float64)  # noqa: E731
@@ -112,6 +128,6 @@ def test_scaled_matmul_on_cpu_is_the_dequantized_product():
 
 def test_platform_dependent_picks_the_branch_per_platform():
     f = lambda x: jax.lax.platform_dependent(x, cpu=lambda x: x * 3.0, cuda=lambda x: x * 5.0)  # noqa: E731
-    assert float(jax.jit(f)(jnp.float32(1))) == 3.0
+    assert float(jax.jit(f)(jax.device_put(jnp.float32(1), CPU))) == 3.0
     text = jax.jit(f).trace(jnp.float32(1)).lower(lowering_platforms=("cuda",)).as_text()
     assert "5.0" in text and "3.0" not in text
