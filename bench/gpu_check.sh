@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: correctness of the GPU paths, then a table of timings, in under 8 minutes.
-# Run it on a lent GPU machine (JAX with CUDA installed there), from the repository root:
+# Run it on a GPU machine (JAX with CUDA installed there), from the repository root:
 #     bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
-# Needs pytest on that machine (carry wheels as the device README says, or skip part 1).
+# Part 1 needs pytest on that machine (the `test` extra); without it, part 1 is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

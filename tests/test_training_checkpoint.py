@@ -6,7 +6,8 @@ import pytest
 
 from lp_jax.training import data
 from lp_jax.training.checkpoint import Checkpointer, PoisonedStateError, abstract_like
-from lp_jax.training.state import place_batch, state_shardings
+from lp_jax.training.partitioning import state_shardings
+from lp_jax.training.state import place_batch
 from lp_jax.training.step import train_step
 from training_toy import setup
 

@@ -157,7 +157,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
 
 
 def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
-    """A training run's latest checkpoint, as the trainer writes it (issue 5's contract):
+    """A training run's latest checkpoint, as the trainer writes it (docs/evaluation.md):
 
     - `RUN_DIR/config.yaml`: the resolved run config; `model.preset` and its architecture
       overrides give the model, `data.tokenizer` (default "bytes") the tokenizer via

@@ -130,7 +130,8 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
 
     import lp_jax
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-    from lp_jax.training.state import abstract_state, make_mesh, split_model
+    from lp_jax.training.mesh import make_mesh
+    from lp_jax.training.state import abstract_state, split_model
     from lp_jax.training.validate import resolve
 
     plan = resolve(config)

@@ -26,8 +26,9 @@ from lp_jax.training.checkpoint import Checkpointer, abstract_like
 from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-from lp_jax.training.state import (abstract_state, init_state, make_mesh, place_batch,
-                                   split_model, state_shardings)
+from lp_jax.training.mesh import make_mesh
+from lp_jax.training.partitioning import state_shardings
+from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.step import StepSpec, eval_step, train_step
 from lp_jax.training.validate import Plan
 
