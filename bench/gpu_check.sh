@@ -13,7 +13,7 @@ echo "== 1. bit-exact quantizers and reference GEMMs on the GPU backend"
 if python3 -c "import pytest" 2>/dev/null; then
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_quantize_formats.py \
     tests/test_quantize_edge_cases.py tests/test_quantize_tensor_scales.py tests/test_hadamard.py \
-    tests/test_stochastic_rounding.py tests/test_dot_general.py || status=1
+    tests/test_stochastic_rounding.py tests/test_dot_general.py tests/test_jax_apis.py || status=1
 else
   echo "pytest missing: part 1 skipped"
 fi

@@ -1,6 +1,7 @@
 """lp_jax.numerics.formats: the bit-level helpers, checked against exact rational arithmetic."""
 from fractions import Fraction
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,6 +29,39 @@ def test_mul_exp2_is_exact_where_a_single_factor_would_be_subnormal(k, x_exp):
     # 2^-127 alone is a float32 subnormal, flushed to zero by XLA on CPU.
     got = F.mul_exp2(jnp.float32(1.5 * 2.0**x_exp), k)
     assert float(got) == 1.5 * 2.0 ** (x_exp + k)
+
+
+@pytest.mark.parametrize("k,x_exp", [(-140, 100), (-200, 100), (-250, 126), (200, -100), (127, -120)])
+def test_mul_exp2_is_exact_under_jit_with_a_constant_k(k, x_exp):
+    # A constant k makes both factors constants; XLA before 0.12 (JAX 0.11) folded them
+    # into one 2^k (subnormal: flushed to zero; above 2^127: inf).
+    got = jax.jit(lambda x: F.mul_exp2(x, k))(jnp.float32(1.5 * 2.0**x_exp))
+    assert float(got) == 1.5 * 2.0 ** (x_exp + k)
+
+
+def _ieee_products(x, s):
+    """float32 x * s rounded once (the float64 product of two float32 is exact), and
+    where that result is a float32 subnormal (XLA on CPU may flush those)."""
+    want = (x.astype(np.float64) * s.astype(np.float64)).astype(np.float32)
+    return want, (want != 0) & (np.abs(want) < np.finfo(np.float32).tiny)
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_mul_by_a_subnormal_scale_is_the_ieee_product(mode):
+    # Every subnormal scale s = m * 2^-149 a tensor factor can take (1/S_enc, 1/FLT_MAX),
+    # times x across the float32 range, including x * m beyond FLT_MAX (a finite product).
+    # Under jit on JAX 0.11 the former two power-of-two steps folded into a flushed 2^-149.
+    rng = np.random.default_rng(0)
+    s = np.concatenate([[1, 0x400000, 0x200000, 0x7FFFFF], rng.integers(1, 0x800000, 60)]).astype(np.uint32).view(np.float32)
+    x = (rng.uniform(1, 2, (64, 128)) * np.exp2(rng.integers(-30, 128, (64, 128)))).astype(np.float32)
+    x *= rng.choice([np.float32(-1), np.float32(1)], x.shape)
+    x[:, :4] = [0.0, -0.0, np.inf, np.nan]
+    fn = jax.vmap(F.mul)
+    got = np.asarray((jax.jit(fn) if mode == "jit" else fn)(jnp.asarray(x), jnp.asarray(s)))
+    want, flushable = _ieee_products(x, s[:, None])
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    same |= flushable & (got == 0) & (np.signbit(got) == np.signbit(want))
+    assert same.all(), f"{(~same).sum()} differ; first: got {got[~same][0]!r}, want {want[~same][0]!r}"
 
 
 def test_cast_satfinite_saturates_and_keeps_nan():

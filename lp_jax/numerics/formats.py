@@ -1,7 +1,7 @@
 """Element formats and the exact float32 bit manipulations the scaling rules need.
 
 Everything here is pure jnp on float32 and follows docs/numerics.md (the numerics
-contract). Two facts shape the code:
+contract). Three facts shape the code:
 
 - ``astype`` to E4M3/E5M2 does not saturate (overflow becomes NaN/inf), so every cast goes
   through ``cast_satfinite``; ``astype`` to E8M0 rounds to nearest, so E8M0 codes are built
@@ -9,6 +9,10 @@ contract). Two facts shape the code:
 - XLA on CPU flushes float32 subnormals to zero in arithmetic. The code avoids products that
   could be subnormal where the result would differ (powers of two are applied in two halves;
   the one subnormal case of the MXFP8 scale rule is decided by a precomputed threshold).
+- XLA before 0.12 (JAX 0.11) rewrites (a * c1) * c2 as a * (c1 * c2) for float constants
+  and folds c1 * c2 into one constant. So two constant factors never follow each other
+  unless their product is a normal float32: split powers of two would fold back into a
+  flushed subnormal (or an infinite) factor (``mul``, ``mul_exp2``; docs/jax_versions.md).
 """
 from __future__ import annotations
 
@@ -95,11 +99,18 @@ def exp2_int(k):
 def mul_exp2(x, k):
     """x * 2**k for integer k in [-254, 254], exactly (two normal power-of-two factors).
 
-    A single factor 2**-127 would be subnormal and flushed to zero on CPU.
+    A single factor 2**-127 would be subnormal and flushed to zero on CPU. The quantizers
+    pass a k computed from data; a k known when tracing makes both factors constants,
+    which XLA before 0.12 multiplies into one (2^-140 subnormal, flushed; 2^200 inf), so
+    the barrier keeps such constants apart (see ``mul``).
     """
+    known = not isinstance(k, jax.core.Tracer)
     k = jnp.asarray(k, jnp.int32)
     half = k // 2
-    return x * exp2_int(half) * exp2_int(k - half)
+    f1, f2 = exp2_int(half), exp2_int(k - half)
+    if known:
+        f1, f2 = lax.optimization_barrier((f1, f2))
+    return x * f1 * f2
 
 
 # ---------------------------------------------------------------- subnormal-exact helpers
@@ -110,6 +121,7 @@ def mul_exp2(x, k):
 # result that is itself a normal float32 comes out as IEEE arithmetic would give it.
 
 _TWO_M64 = np.float32(2.0**-64)
+_TWO_M23 = np.float32(2.0**-23)
 _TWO_126 = np.float32(2.0**126)
 _MIN_NORMAL = np.float32(2.0**-126)
 
@@ -159,16 +171,26 @@ def recip(s):
 
 
 def mul(x, s):
-    """x * s with s a float32 scale that may be a subnormal bit pattern.
+    """x * s with s a positive float32 scale that may be a subnormal bit pattern.
 
-    For subnormal s = m * 2^-149: (x * m) rounds once, then two exact power-of-two steps,
-    so a normal result is the IEEE product. A subnormal result may still be flushed.
+    For subnormal s = m * 2^-149, x * s = (x * (m * 2^-23)) * 2^-126: the first product
+    rounds once (m * 2^-23 is exact, normal and below 1, so it cannot overflow); the
+    second step subtracts 126 from the exponent field on integers, exactly, wherever the
+    result is normal. A subnormal result, inf or NaN takes a float multiply by the normal
+    constant 2^-126 instead (a subnormal result is then flushed on CPU, kept on GPU).
+
+    Integers, not a second float constant: XLA before 0.12 (JAX 0.11) reassociates
+    (a * c1) * c2 into a * (c1 * c2) for float constants, which turned the two exact
+    steps x * m * 2^-75 * 2^-74 into x * m * 2^-149, a subnormal constant that CPU
+    flushes to zero, zeroing every such product under jit (docs/jax_versions.md).
     """
     bits = f32_bits(s)
     subnormal = ((bits >> 23) & 0xFF) == 0
-    m = (bits & 0x7FFFFF).astype(jnp.float32)
-    via_int = x * m * np.float32(2.0**-75) * np.float32(2.0**-74)
-    return jnp.where(subnormal, via_int, x * s)
+    y = x * ((bits & 0x7FFFFF).astype(jnp.float32) * _TWO_M23)
+    y_bits = f32_bits(y)
+    y_exp = (y_bits >> 23) & 0xFF
+    down = jnp.where((y_exp > 126) & (y_exp < 255), _f32_from_bits(y_bits - (126 << 23)), y * _MIN_NORMAL)
+    return jnp.where(subnormal, down, x * s)
 
 
 def nvfp4_encode_factor(s_b, s_dec):
