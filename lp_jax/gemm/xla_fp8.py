@@ -9,7 +9,12 @@ the products are exact there and only the summation order differs from the refer
 
 The scales are applied as one product (sa * sb) rather than one at a time as the reference
 does, because a single scalar multiply is what the rewriter folds into the GEMM; the two
-differ by at most one FP32 rounding.
+differ by at most one FP32 rounding. (A product below FLT_MIN would be flushed on CPU, not
+on a GPU: only for tensors whose amaxes multiply to below ~3e-31.)
+
+Precision HIGHEST turns off cuBLASLt's FP8 "fast accumulation", which XLA enables at
+DEFAULT precision and which accumulates in less than FP32 on Hopper: with it off the GEMM
+sums in FP32 like the reference (TE does the same for dgrad and wgrad).
 """
 from __future__ import annotations
 
@@ -32,5 +37,6 @@ def _fp8(p):
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     """FP8 a x FP8 b over ``contracting``, FP32 accumulation, times both scales, in out_dtype."""
     (av, sa), (bv, sb) = _fp8(a), _fp8(b)
-    out = lax.dot_general(av, bv, (contracting, ((), ())), preferred_element_type=jnp.float32)
+    out = lax.dot_general(av, bv, (contracting, ((), ())), precision=lax.Precision.HIGHEST,
+                          preferred_element_type=jnp.float32)
     return (out * (sa * sb)).astype(out_dtype)
