@@ -178,6 +178,17 @@ def test_backend_on_each_platform():
     assert backends.backend_on(lp.get_recipe("bf16"), "cuda") == "reference"
 
 
+def test_swap_report_names_the_backend_on_this_platform():
+    from tests.toy_models import Toy
+
+    report = lp.apply_recipe(Toy(num_layers=4), lp.get_recipe("mxfp8", policy="F1L1"))
+    assert report.platform == "cpu"
+    assert report.backends == {"MXFP8BlockScaling": "reference", "BF16": "reference"}
+    assert str(report).splitlines()[0].endswith("GEMMs on cpu: MXFP8BlockScaling via reference, BF16 via reference")
+    forced = lp.apply_recipe(Toy(num_layers=4), lp.get_recipe("nvfp4", policy="F0L1", backend="cudnn"))
+    assert forced.backends == {"NVFP4BlockScaling": "cudnn", "BF16": "reference"}
+
+
 def test_platform_dependent_under_shard_map_remat_and_vmap():
     """The per-GEMM platform choice inside the custom_vjp survives the transformations a
     model puts around a Linear: bit-identical to the reference on CPU, native for CUDA."""

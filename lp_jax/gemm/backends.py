@@ -114,15 +114,16 @@ def _platform_guard(x, backend):
     return _guard_p.bind(x, backend=backend)
 
 
-def _check(platforms, backend):
-    bad = [p for p in platforms if p not in PLATFORMS[backend]]
+def check_platforms(backend: str, platforms) -> None:
+    """Raises one line if the forced ``backend`` cannot run on one of ``platforms``."""
+    bad = [p for p in platforms if PLATFORMS[backend] is not None and p not in PLATFORMS[backend]]
     if bad:
         raise ValueError(f"lp_jax GEMM backend {backend!r} cannot run on {bad[0]!r} (it runs on "
                          f"{', '.join(PLATFORMS[backend])}); use backend 'auto' or 'reference'")
 
 
 def _guard_impl(x, *, backend):
-    _check((current_platform(),), backend)  # eager (un-jitted) call on this process's devices
+    check_platforms(backend, (current_platform(),))  # eager (un-jitted) call on this process's devices
     return x
 
 
@@ -131,7 +132,7 @@ _guard_p.def_abstract_eval(lambda aval, **_: aval)
 
 
 def _guard_lowering(ctx, x, *, backend):
-    _check(ctx.platforms or ctx.module_context.platforms, backend)
+    check_platforms(backend, ctx.platforms or ctx.module_context.platforms)
     return [x]
 
 
