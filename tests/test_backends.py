@@ -102,7 +102,7 @@ def _native_gemm_eqns(recipe, args):
 
 @pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
 def test_native_backend_with_bf16_activations(name):
-    """BF16 y and dx (MXFP8's block-scaled call writes BF16 itself), FP32 dW; the outputs
+    """BF16 y and dx, FP32 dW; the outputs
     agree with the reference to BF16 rounding."""
     args = _data((2, 25, 40), 24, jnp.bfloat16, seed=1)
     ref = _jitted(lp.get_recipe(name, backend="reference"))(*args)
@@ -278,3 +278,53 @@ def test_llama_train_step_lowered_for_cuda_holds_three_native_gemms_per_quantize
     assert set(native) == set(NATIVE_TYPES[name])
     cpu = lowered_gemms(traced.lower(lowering_platforms=("cpu",)).as_text())
     assert not fp8_dots(cpu) and not block_scaled_dots(cpu)
+
+
+SHARDED = r'''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+import lp_jax as lp
+from lp_jax.gemm import backends
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((4, 32, 128)).astype(np.float32)
+w = (rng.standard_normal((128, 64)) * 0.1).astype(np.float32)
+dn = (((2,), (0,)), ((), ()))
+mesh = jax.make_mesh((2, 4), ("d", "t"), axis_types=(AxisType.Auto,) * 2)  # the trainer's kind
+layouts = {"column": (P("d", None, None), P(None, "t")), "row": (P("d", None, "t"), P("t", None)),
+           "fsdp": (P("d", None, None), P("d", "t"))}
+worst = 0.0
+for name in ("fp8_cs", "mxfp8", "nvfp4"):
+    recipe = lp.get_recipe(name, backend=backends.native_backend(lp.get_recipe(name)))
+    f = jax.jit(lambda x, w: jax.vjp(lambda x, w: lp.dot_general(recipe)(x, w, dn), x, w)[1](
+        lp.dot_general(recipe)(x, w, dn)))
+    ref = jax.jit(lambda x, w: jax.vjp(lambda x, w: lp.dot_general(lp.get_recipe(name, backend="reference"))(x, w, dn), x, w)[1](
+        lp.dot_general(lp.get_recipe(name, backend="reference"))(x, w, dn)))(x, w)
+    for layout, (xs, ws) in layouts.items():
+        with jax.set_mesh(mesh):
+            got = f(jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws)))
+        for g, r in zip(got, ref):
+            g, r = np.asarray(g, np.float64), np.asarray(r, np.float64)
+            worst = max(worst, float(np.max(np.abs(g - r)) / np.max(np.abs(r))))
+print("WORST", worst)
+'''
+
+
+@pytest.mark.slow
+def test_native_backends_on_a_sharded_auto_mesh():
+    """8 CPU devices, Megatron's column/row-parallel and FSDP layouts: the partitioned native
+    GEMMs (jax.nn.scaled_matmul's partitioning rule, XLA's FP8 dot) give the unsharded
+    reference's dx and dW to FP32 summation order."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", SHARDED], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    worst = float(proc.stdout.split("WORST")[1])
+    assert worst <= 1e-5, worst

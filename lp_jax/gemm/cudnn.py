@@ -94,12 +94,12 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     rows_a, rows_b = ad.shape[0], bd.shape[0]
     ad, as_ = _padded(ad, as_, block)
     bd, bs = _padded(bd, bs, block)
-    # Without tensor factors (MXFP8) the call writes out_dtype itself: one rounding of the
-    # FP32 accumulation, as the reference's cast. NVFP4 needs the FP32 result for S_dec.
-    acc = jnp.float32 if (fa is not None or fb is not None) else out_dtype
+    # Always an FP32 result: NVFP4's S_dec is applied to it, and when the contraction is
+    # sharded the partial results are summed across devices (scaled_matmul's partitioning
+    # rule) before the one rounding to out_dtype, as lax.dot_general's FP32 output would be.
     # Where XLA expands the call (Hopper) it converts the bytes back up; the barrier keeps
     # that convert from meeting our quantizer's and being folded away as excess precision.
     ad, bd, as_, bs = lax.optimization_barrier((ad, bd, as_, bs))
-    out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None], preferred_element_type=acc)
+    out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None], preferred_element_type=jnp.float32)
     out = out[0, :rows_a, :rows_b]
     return apply_factors(out, fa, fb).astype(out_dtype)
