@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check, in under 8 minutes on one H200: correctness of every GEMM backend first,
 # then the timing tables, then a few train steps per recipe (docs/backends.md,
-# docs/benchmarks.md). Run it on a lent GPU machine (JAX with CUDA installed there), from
+# docs/benchmarks.md). Run it on a GPU machine (JAX with CUDA installed there), from
 # the repository root:
 #     bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
 #     bash bench/gpu_check.sh --tiny     # every part at tiny shapes: a CPU smoke run
 #                                        # (tests/test_gpu_check.py runs it)
-# Part 2 needs pytest on that machine (carry wheels as the device README says); without it
-# part 2 is skipped. Each part has its own time limit (they add up to 7 min 40 s) and the
-# timing scripts stop starting new rows when their budget is spent, so a slow machine still
-# leaves every table, shortened.
+# Part 2 needs pytest on that machine (the `test` extra); without it, part 2 is skipped.
+# Each part has its own time limit (they add up to 7 min 40 s) and the timing scripts stop
+# starting new rows when their budget is spent, so a slow machine still leaves every table,
+# shortened.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -30,7 +30,9 @@ from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
 from lp_jax.training import metrics as metrics_lib  # noqa: E402
 from lp_jax.training import state as state_lib  # noqa: E402
 from lp_jax.training.config_io import load_config  # noqa: E402
+from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
+from lp_jax.training.partitioning import state_shardings  # noqa: E402
 from lp_jax.training.step import StepSpec, train_step  # noqa: E402
 from lp_jax.training.validate import resolve  # noqa: E402
 from models import llama  # noqa: E402
@@ -52,7 +54,7 @@ def measure(preset: str, recipe: str, seq_len: int, batch: int, steps: int, extr
             f"data.micro_batch_size={batch // jax.device_count() or 1}", "model.scan_layers=true",
             f"precision={recipe}", f"steps={steps}", *extra]))
     cfg, phase = plan.config, plan.phases[0]
-    mesh = state_lib.make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
     spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
     tx = make_optimizer(spec.optimizer)
     build = lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(0))  # noqa: E731
@@ -60,13 +62,13 @@ def measure(preset: str, recipe: str, seq_len: int, batch: int, steps: int, extr
     report = lp_jax.apply_recipe(abstract, phase.recipe)
     graphdef = state_lib.split_model(abstract)[0]
     target = state_lib.abstract_state(state_lib.split_model(abstract), tx, cfg.seed)
-    state = state_lib.init_state(build, tx, cfg.seed, state_lib.state_shardings(target, mesh))
+    state = state_lib.init_state(build, tx, cfg.seed, state_shardings(target, mesh))
     rng, times = np.random.default_rng(0), []
     for _ in range(steps):
         placed = state_lib.place_batch(_batch(rng, batch, seq_len, plan.model_config.vocab_size),
                                        plan.accum_steps, mesh, batch)
         t0 = time.perf_counter()
-        state, m = train_step(graphdef, spec, state, placed, np.float32(1.0))
+        state, m = train_step(graphdef, spec, state, placed)
         jax.block_until_ready(m["loss"])
         times.append(time.perf_counter() - t0)
     seconds = statistics.median(times[1:] or times)  # the first step compiles

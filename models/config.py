@@ -141,7 +141,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                       num_layers=16, num_heads=32, num_kv_heads=8, head_dim=64,
                       tie_embeddings=True, max_seq_len=8192,
                       rope_scaling=Llama3RopeScaling(factor=32.0), **_LLAMA3_ROPE),
-    # NUMERICS.md's Llama 3 8B pretraining architecture.
+    # The Llama 3 8B of Megatron Bridge's pretraining recipe (docs/numerics.md).
     "llama3_8b": dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336,
                       num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
                       max_seq_len=8192, **_LLAMA3_ROPE),

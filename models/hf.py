@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from flax.nnx import traversals
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
@@ -33,8 +33,8 @@ from models.hf_config import (IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, 
                               tensor_map)
 from models.llama import Llama
 
-__all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "save_state_checkpoint",
-           "load_state_checkpoint"]
+__all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "check_tensors", "read_params",
+           "save_state_checkpoint", "load_state_checkpoint"]
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # safetensors dtype codes this converter reads and writes; anything else (F8, I8, F64, ...)
@@ -63,11 +63,20 @@ def read_hf_config(path: str) -> dict:
         raise HFError(f"{config_path} is not valid JSON: {e}") from None
 
 
+def _safe_open(file: str):
+    """safe_open, with a file that is not whole safetensors (a download cut short) as one
+    HFError line: safetensors checks the header and the data length when it opens."""
+    try:
+        return safe_open(file, framework="numpy")
+    except SafetensorError as e:
+        raise HFError(f"{file} is not a readable safetensors file (truncated?): {e}") from None
+
+
 def _weight_files(path: str) -> dict[str, str]:
     """HF tensor name -> safetensors file holding it."""
     single, index = os.path.join(path, SINGLE_FILE), os.path.join(path, INDEX_FILE)
     if os.path.isfile(single):
-        with safe_open(single, framework="numpy") as f:
+        with _safe_open(single) as f:
             return {name: single for name in f.keys()}
     if os.path.isfile(index):
         with open(index) as f:
@@ -81,8 +90,9 @@ def _weight_files(path: str) -> dict[str, str]:
     raise HFError(f"missing file {single} (nor a sharded {INDEX_FILE}); only safetensors are read")
 
 
-def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
-    """Reads every expected tensor, checking presence, dtype and shape against cfg."""
+def check_tensors(path: str, cfg: LlamaConfig) -> dict[str, str]:
+    """Checks a folder's tensor names, dtypes and shapes against cfg from the safetensors
+    headers alone (no tensor is read); returns HF name -> file for every expected tensor."""
     files = _weight_files(path)
     expected = {name: (p, t) for name, p, t in tensor_map(cfg)}
     unexpected = [n for n in files if n not in expected and not n.endswith(IGNORED_TENSOR_SUFFIXES)
@@ -94,12 +104,8 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
     if missing:
         raise HFError(f"missing tensor {missing[0]} in {path} ({len(missing)} missing in all)")
     shapes = _hf_shapes(cfg)
-    out = {}
-    by_file: dict[str, list[str]] = {}
-    for name in expected:
-        by_file.setdefault(files[name], []).append(name)
-    for file, names in by_file.items():
-        with safe_open(file, framework="numpy") as f:
+    for file, names in _by_file(files, expected).items():
+        with _safe_open(file) as f:
             for name in names:
                 sl = f.get_slice(name)
                 code, shape = sl.get_dtype(), tuple(sl.get_shape())
@@ -108,6 +114,23 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
                                   f"here; supported: {', '.join(_READABLE)}")
                 if shape != shapes[name]:
                     raise HFError(f"tensor {name} has shape {shape} but config.json implies {shapes[name]}")
+    return {name: files[name] for name in expected}
+
+
+def _by_file(files: dict[str, str], names) -> dict[str, list[str]]:
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    return by_file
+
+
+def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
+    """Reads every expected tensor, checking presence, dtype and shape against cfg."""
+    files = check_tensors(path, cfg)
+    out = {}
+    for file, names in _by_file(files, files).items():
+        with _safe_open(file) as f:
+            for name in names:
                 out[name] = f.get_tensor(name)
     return out
 
@@ -119,14 +142,26 @@ def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
             for name, p, t in tensor_map(cfg)}
 
 
+def param_arrays(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> dict[tuple, np.ndarray]:
+    """HF tensors as host arrays keyed by our parameter paths ([in, out] kernels), in
+    cfg.param_dtype; the trainer places these on its mesh without a copy on one device."""
+    out = {}
+    for name, p, transpose in tensor_map(cfg):
+        array = tensors[name].T if transpose else tensors[name]
+        out[p] = array.astype(cfg.param_dtype)
+    return out
+
+
+def read_params(path: str, cfg: LlamaConfig) -> dict[tuple, np.ndarray]:
+    """An HF folder's weights, checked against cfg, as param_arrays."""
+    return param_arrays(cfg, _read_tensors(path, cfg))
+
+
 def model_from_tensors(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> Llama:
     """Builds the model directly from HF tensors (no random init of the full model)."""
     abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
-    flat = {}
-    for name, p, transpose in tensor_map(cfg):
-        array = tensors[name].T if transpose else tensors[name]
-        flat[p] = jnp.asarray(array.astype(cfg.param_dtype))
+    flat = {p: jnp.asarray(a) for p, a in param_arrays(cfg, tensors).items()}
     nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(flat))
     return nnx.merge(graphdef, state)
 

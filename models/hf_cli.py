@@ -1,6 +1,8 @@
-"""`python -m models.hf import|export`: HF folder <-> Orbax checkpoint of the model state.
+"""`python -m models.hf import|export`: HF folder <-> Orbax checkpoint of the model state,
+and a training run -> HF folder.
 
     python -m models.hf import HF_DIR CKPT_DIR [--param-dtype float32]
+    python -m models.hf export RUN_DIR HF_DIR [--step N] [--dtype bfloat16]   # a training run
     python -m models.hf export CKPT_DIR HF_DIR [--dtype bfloat16] [--max-shard-size 5GB]
     python -m models.hf export STATE_DIR HF_DIR --preset llama3_8b   # a bare state checkpoint
 
@@ -24,9 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("ckpt_dir", help="new folder: state/, llama_config.json, hf_config.json")
     imp.add_argument("--param-dtype", default="float32", help="master weight dtype (float32)")
     imp.add_argument("--dtype", default="bfloat16", help="compute dtype recorded in the config")
-    exp = sub.add_parser("export", help="Orbax checkpoint -> HF Llama folder")
-    exp.add_argument("ckpt_dir")
+    exp = sub.add_parser("export", help="training run or Orbax checkpoint -> HF Llama folder")
+    exp.add_argument("ckpt_dir", help="a training run folder (or its checkpoints/ or "
+                     "checkpoints/STEP folder), or a state checkpoint written by import")
     exp.add_argument("hf_dir")
+    exp.add_argument("--step", type=int, default=None, help="the run's checkpoint to export "
+                     "(default: the latest)")
     exp.add_argument("--dtype", default=None, help="tensor dtype in the HF files (default: the "
                      "parameters' dtype); float32 | bfloat16 | float16")
     exp.add_argument("--max-shard-size", default="5GB")
@@ -38,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     # Deferred so that `--help` and argument errors answer without importing JAX.
+    from lp_jax.training.saved_run import RunFolderError, is_run_source
     from models import hf
     from models.config import preset
     try:
@@ -47,7 +53,18 @@ def main(argv=None) -> int:
             model = hf.load_hf(args.hf_dir, dtype=args.dtype, param_dtype=args.param_dtype)
             hf.save_state_checkpoint(model, args.ckpt_dir, hf_config=hf.read_hf_config(args.hf_dir))
             print(f"imported {args.hf_dir} -> {args.ckpt_dir}")
+        elif not os.path.isdir(args.ckpt_dir):
+            raise HFError(f"{args.ckpt_dir}: no such folder")
+        elif is_run_source(args.ckpt_dir):
+            if args.preset is not None:
+                raise HFError("--preset is for a bare state checkpoint; a run records its model")
+            from lp_jax.training.hf_export import export_run
+
+            export_run(args.ckpt_dir, args.hf_dir, step=args.step, dtype=args.dtype,
+                       max_shard_size=args.max_shard_size)
         else:
+            if args.step is not None:
+                raise HFError(f"--step applies to a training run folder; {args.ckpt_dir} is not one")
             cfg = None
             if args.preset is not None:
                 try:
@@ -63,7 +80,7 @@ def main(argv=None) -> int:
             hf.save_hf(model, args.hf_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
                        extra_config=extra)
             print(f"exported {args.ckpt_dir} -> {args.hf_dir}")
-    except HFError as e:
+    except (HFError, RunFolderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -3,10 +3,10 @@
 Not part of the test suite (which needs no torch): it makes the committed parity fixtures in
 tests/fixtures/hf/ and checks that an exported folder loads in transformers.
 
-    python3.11 -m venv /work/venv311
-    /work/venv311/bin/pip install torch==2.13.0 transformers safetensors
-    /work/venv311/bin/python scripts/hf_reference.py fixtures tests/fixtures/hf
-    /work/venv311/bin/python scripts/hf_reference.py logits HF_DIR TOKENS.safetensors OUT.safetensors
+    python3.11 -m venv .venv311          # from the repository root; .gitignore covers it
+    .venv311/bin/pip install torch==2.13.0 transformers safetensors
+    .venv311/bin/python scripts/hf_reference.py fixtures tests/fixtures/hf
+    .venv311/bin/python scripts/hf_reference.py logits HF_DIR TOKENS.safetensors OUT.safetensors
 
 Each fixture folder is a tiny random model (GQA, and Llama 3 RoPE scaling whose three frequency
 bands all occur at head_dim 8) plus `reference.safetensors` holding `tokens` [2, 24] and

@@ -1,6 +1,6 @@
-"""Element casts of the oracle (NUMERICS.md, "Element formats"), written from the bit layout.
+"""Element casts of the oracle (docs/numerics.md, "Element formats"), written from the bit layout.
 
-"Casts round to nearest, ties to even, and saturate to ±max ("satfinite")." Rounding is done
+Casts round to nearest, ties to even, and saturate to ±max ("satfinite"). Rounding is done
 exactly in float64 on each format's grid (np.rint is round-half-to-even); codes are packed
 from sign, biased exponent and mantissa by hand. ml_dtypes is used only by the self-tests
 (tests/test_numpy_reference.py), never here, so the two can check each other.

@@ -4,15 +4,15 @@ Low-precision arrays are compared as raw codes (uint8 views), NaN-aware: where t
 holds a NaN code the implementation must hold a NaN code of the same format (any sign or
 payload); everywhere else the bytes must be equal, signed zeros included.
 
-One platform allowance, from the issue and JAX_NOTES.md: XLA on CPU flushes FP32 subnormals
-to zero, in inputs and in results (FTZ and DAZ). So (a) where an input element is an FP32
+One platform allowance (docs/numerics.md, "Platform notes: subnormals on CPU"): XLA on CPU
+flushes FP32 subnormals to zero, in inputs and in results (FTZ and DAZ). So (a) where an input element is an FP32
 subnormal its data byte is not compared and its dequantized value only has to be within
 FLT_MIN of the oracle (`subnormal_inputs=True`); (b) an output that is itself an FP32
 subnormal in the oracle may be flushed: a stored scale_inv or S_dec may be a zero of the
 same sign, a dequantized value need only be within FLT_MIN. Nothing else is tolerated: in
 particular a dequantized value that is FP32-normal in the oracle must be exact even when
 it is computed from a subnormal factor (an E8M0 code 0, scale_inv = 2^-128, a tiny S_dec),
-because NUMERICS.md defines the product, not the factor, as the result.
+because the contract defines the product, not the factor, as the result.
 """
 from __future__ import annotations
 

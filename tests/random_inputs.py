@@ -1,4 +1,5 @@
-"""Random test inputs for the quantizer tests (the four distributions of issue 2)."""
+"""Random test inputs for the quantizer tests: normal, normal with outliers, log-uniform over
+1e-30..1e30, and BF16 values (docs/quantizer_tests.md)."""
 import ml_dtypes
 import numpy as np
 

@@ -27,6 +27,8 @@ from flax import nnx
 import lp_jax
 from lp_jax.training import data as data_lib
 from lp_jax.training import state as state_lib
+from lp_jax.training.mesh import make_mesh
+from lp_jax.training.partitioning import state_shardings
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama
@@ -47,7 +49,7 @@ def batches(vocab: int) -> list[dict]:
 
 def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
-    mesh = state_lib.make_mesh(*mesh_sizes)
+    mesh = make_mesh(*mesh_sizes)
     spec = StepSpec(OPTIMIZER, 1, mesh)
     tx = make_optimizer(OPTIMIZER)
     build = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
@@ -55,7 +57,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0))
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
-    state = state_lib.init_state(build, tx, 0, state_lib.state_shardings(target, mesh))
+    state = state_lib.init_state(build, tx, 0, state_shardings(target, mesh))
     if perturb == "ulp":  # one FP32 ulp up on a random half of the master weights
         rng = np.random.default_rng(1)
         state["params"] = jax.tree.map(
@@ -66,8 +68,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     for batch in batches(cfg.vocab_size):
         if perturb == "reversed":  # the same examples, rows in the opposite order
             batch = {k: v[::-1].copy() for k, v in batch.items()}
-        state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh),
-                                    jnp.float32(1))
+        state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh))
         losses.append(float(metrics["loss"]))
     return {"recipe": recipe, "dtype": dtype, "mesh": list(mesh_sizes), "perturbed": perturb,
             "losses": losses, "q_proj_shard": shard}

@@ -218,12 +218,14 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
     """(graphdef, StepSpec, state, SwapReport) of the trainer's step for the tiny Llama."""
     from models import llama
     from lp_jax.training import state as state_lib
+    from lp_jax.training.mesh import make_mesh
     from lp_jax.training.optimizer import make_optimizer
+    from lp_jax.training.partitioning import state_shardings
     from lp_jax.training.step import StepSpec
     from training_toy import opt_spec
 
     cfg = llama.preset("tiny", dtype=jnp.dtype(dtype), scan_layers=scan_layers)
-    mesh = state_lib.make_mesh(1, 1)
+    mesh = make_mesh(1, 1)
     spec = StepSpec(opt_spec(), 1, mesh)
     tx = make_optimizer(spec.optimizer)
     build = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
@@ -231,7 +233,7 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
     report = lp.apply_recipe(abstract, recipe)
     graphdef, params, rest = state_lib.split_model(abstract)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
-    state = state_lib.init_state(build, tx, 0, state_lib.state_shardings(target, mesh))
+    state = state_lib.init_state(build, tx, 0, state_shardings(target, mesh))
     return graphdef, spec, state, report
 
 
@@ -239,7 +241,7 @@ def _step_args(graphdef, spec, state):
     from lp_jax.training.state import place_batch
     from training_toy import batch
 
-    return graphdef, spec, state, place_batch(batch(4), 1, spec.mesh), jnp.float32(1.0)
+    return graphdef, spec, state, place_batch(batch(4), 1, spec.mesh)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
-"""bench/gpu_check.sh is run when a GPU is lent, which is rare: every part of it runs here
-at tiny shapes (``--tiny``) so the script is known to work before a GPU session spends
-its minutes on it."""
+"""bench/gpu_check.sh runs only on a GPU machine, which is rarely at hand: every part of it
+runs here at tiny shapes (``--tiny``) so the script is known to work before a GPU's
+minutes are spent on it."""
 import os
 import re
 import subprocess

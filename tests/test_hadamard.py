@@ -1,7 +1,8 @@
-"""lp.hadamard, the 16-point random Hadamard transform (NUMERICS.md, "RHT").
+"""lp.hadamard, the 16-point random Hadamard transform (docs/numerics.md, "Random Hadamard
+transform (RHT)").
 
-"H = (1/4) diag(s) H16 [...] built in FP32 and cast to BF16. Each 16-element tile v along M
-becomes v @ H." Output rounded to BF16. The oracle forms v @ H exactly and rounds once.
+H = (1/4) diag(s) H16, built in FP32 and cast to BF16; each 16-element tile v along M
+becomes v @ H, output rounded to BF16. The oracle forms v @ H exactly and rounds once.
 """
 import jax
 import jax.numpy as jnp
@@ -79,8 +80,8 @@ def test_jit_and_eager_agree():
 
 
 def test_length_not_a_multiple_of_16_is_an_error_or_exact_zero_padding():
-    # "M must be a multiple of 16 for the RHT (a clear error otherwise, or zero padding,
-    # which is exact)": either is allowed, nothing else.
+    # M must be a multiple of 16 for the RHT: a clear error otherwise, or zero padding, which
+    # is exact. Either is allowed, nothing else (lp.hadamard raises; the GEMM pads).
     x = np.random.default_rng(6).integers(-8, 9, (3, 24)).astype(np.float32)
     try:
         out = lp.hadamard(jnp.asarray(x))

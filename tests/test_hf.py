@@ -179,4 +179,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: missing file") and err.count("\n") == 1
     assert hf_cli.main(["export", str(tmp_path / "nope"), str(tmp_path / "o")]) == 2
+    assert "nope: no such folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert hf_cli.main(["export", str(tmp_path / "empty"), str(tmp_path / "o")]) == 2
     assert "llama_config.json" in capsys.readouterr().err

@@ -65,7 +65,8 @@ def test_saturation_and_nan():
 
 
 def test_e2m1_tie_table():
-    # NUMERICS.md: "0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4; |v| > 6 → 6".
+    # docs/numerics.md, "Element formats": 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4;
+    # |v| > 6 → 6.
     x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6.5, 1e9, np.inf], np.float32)
     want = np.array([0, 1, 1, 2, 2, 4, 4, 6, 6, 6], np.float32)
     np.testing.assert_array_equal(casts.decode(casts.cast_satfinite(x, E2M1), E2M1), want)

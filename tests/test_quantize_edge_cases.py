@@ -1,4 +1,4 @@
-"""Hand-made cases of NUMERICS.md, eager and under jit, against the oracle and hand values.
+"""Hand-made cases of docs/numerics.md, eager and under jit, against the oracle and hand values.
 
 E2M1 ties and saturation, MXFP8 blocks whose amax sits on a rounding edge of the RCEIL
 rule (and of FLOOR), zero, NaN and inf blocks, FP32 subnormal inputs.
@@ -22,7 +22,7 @@ def _dequantized(q):
 def test_e2m1_tie_table_and_saturation_through_nvfp4():
     # Tensor amax 6 makes S_enc = 448, s_b = 448 and enc_b = 1 exactly (worked out in
     # test_numpy_reference.test_nvfp4_block_worked_by_hand), so the first block is rounded as is:
-    # "0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4".
+    # 0.25→0, 0.75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4 (docs/numerics.md, "Element formats").
     x = np.zeros((4, 64), F32)
     x[0, :16] = [6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5, 0]
     # Second block, amax 5.6: s_b = e4m3(5.6 * 74.67 = 418.1) = 416, enc_b = 448/416 = 1.077,
@@ -79,7 +79,7 @@ def test_mxfp8_tiny_amax_where_d_is_an_fp32_subnormal():
 
 
 def test_mxfp8_code_0_blocks_dequantize_exactly():
-    # "dequantized q * 2^(e-127)": for code 0 the factor 2^-127 is an FP32 subnormal, but
+    # Decoded q * 2^(e-127): for code 0 the factor 2^-127 is an FP32 subnormal, but
     # q * 2^-127 with |q| >= 2^-9 is not (448 x 2^-127 = 2.6e-36): the products are
     # FP32-normal and must come out exact, not flushed to zero.
     x = _blocks_with_amax([a for a, _ in TINY], np.random.default_rng(2))
@@ -94,7 +94,7 @@ def test_zero_blocks(fmt):
     for mode, q in qc.check_eager_and_jit(lp, x, fmt)[0]:
         assert not qc.codes(q.data)[0].any() and not qc.codes(q.data)[1, :32].any(), mode
         assert not _dequantized(q)[0].any(), mode
-        if fmt != "fp8_e4m3" and fmt != "fp8_e5m2":  # "a zero block gets code 0"; "s_b = 0"
+        if fmt != "fp8_e4m3" and fmt != "fp8_e5m2":  # a zero block: code 0, or s_b = 0
             assert not qc.codes(q.scale)[0].any() and not qc.codes(q.scale)[1, 0], mode
 
 
@@ -103,9 +103,9 @@ def test_all_zero_tensor(fmt):
     for mode, q in qc.check_eager_and_jit(lp, np.zeros((4, 64), F32), fmt)[0]:
         assert not _dequantized(q).any(), mode
         if fmt.startswith("fp8"):
-            assert np.asarray(q.scale) == 1, mode  # "If amax is 0 ... scale = 1"
+            assert np.asarray(q.scale) == 1, mode  # amax 0: scale 1
         if fmt == "nvfp4":
-            assert np.asarray(q.global_scale) == 1, mode  # "if amax_t is 0 ... S_enc = 1"
+            assert np.asarray(q.global_scale) == 1, mode  # amax_t 0: S_enc = 1
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
@@ -122,7 +122,7 @@ def test_nan_stays_in_its_block(fmt):
         if fmt.startswith("fp8"):
             assert np.asarray(q.scale) == 1, mode  # a NaN amax makes the tensor scale 1
         if fmt == "mxfp8":
-            assert qc.codes(q.scale)[1, 1] == 255, mode  # "a NaN amax gets code 255"
+            assert qc.codes(q.scale)[1, 1] == 255, mode  # a NaN amax: code 255
         if fmt == "nvfp4":
             assert np.asarray(q.global_scale) == 1, mode
 
@@ -134,7 +134,7 @@ def test_inf_blocks(fmt):
     for mode, q in qc.check_eager_and_jit(lp, x, fmt)[0]:
         deq = _dequantized(q)
         assert not np.isnan(deq).any(), mode
-        if fmt == "mxfp8":  # "inf gets code 254"; 448 x 2^127 dequantizes to inf again
+        if fmt == "mxfp8":  # an infinite amax: code 254; 448 x 2^127 dequantizes to inf again
             assert qc.codes(q.scale)[2, 0] == 254 and qc.codes(q.scale)[3, 1] == 254, mode
             assert deq[2, 5] == np.inf and deq[3, 60] == -np.inf, mode
         if fmt == "fp8_e4m3":  # scale 1, satfinite: ±inf -> ±448

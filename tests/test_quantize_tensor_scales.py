@@ -49,7 +49,7 @@ def test_fp8_scale_overflow_saturates_to_flt_max(fmt, values, first):
 @pytest.mark.parametrize("fmt,values", [("fp8_e4m3", [2e-38, -1.5e-38, 1.2e-38]),
                                         ("fp8_e5m2", [1e-35, -7e-36, 2e-36])])
 def test_fp8_scale_overflow_dequantizes_exactly(fmt, values):
-    # "dequantization factor scale_inv = 1 / scale" = 2^-128 here; q * 2^-128 is FP32-normal
+    # The decoding factor scale_inv = 1 / scale is 2^-128 here; q * 2^-128 is FP32-normal
     # for |q| >= 2 (7 x 2^-128 = 2.06e-38), so those dequantized values must be exact.
     qc.check_eager_and_jit(lp, _tensor(values), fmt)
 

@@ -1,8 +1,8 @@
-"""NVFP4 stochastic rounding (NUMERICS.md, "Stochastic rounding (SR)").
+"""NVFP4 stochastic rounding (docs/numerics.md, "Stochastic rounding").
 
-"for v with lo <= |v| <= hi, adjacent E2M1 values, round |v| up with probability
-(|v| - lo) / (hi - lo); saturate at 6; the sign is kept. [...] block scales are always
-nearest." v = clip(t * enc_b, -6, 6) comes from the oracle (RefQuantized.scaled).
+For v between adjacent E2M1 values lo <= |v| <= hi, |v| rounds up with probability
+(|v| - lo) / (hi - lo); nothing exceeds 6; the sign is kept; block scales always round to
+nearest. v = clip(t * enc_b, -6, 6) comes from the oracle (RefQuantized.scaled).
 """
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ def test_every_draw_is_one_of_the_two_neighbours(draws):
     lo, hi = _neighbours(r.scaled)
     mag = np.abs(values)
     assert ((mag == lo) | (mag == hi)).all()
-    assert (np.signbit(values) == np.signbit(r.scaled))[values != 0].all()  # "the sign is kept"
+    assert (np.signbit(values) == np.signbit(r.scaled))[values != 0].all()  # the sign is kept
     assert (values[:, lo == hi] == r.scaled[lo == hi]).all()  # values on the grid never move
 
 

@@ -181,3 +181,55 @@ def test_study_trains_resumes_reuses_and_reports_a_crashed_run(tmp_path, token_c
     assert "step 6: loss nan" in crashed["message"]
     assert f"| BF16 | - | 0/7 | reused, step 8/8 | {bf16['final_val_loss']:.4f} |" in report
     assert math.isfinite(third["runs"]["fp8_cs_f0l0"]["final_val_loss"])
+
+
+def _finished_run(run_dir, steps, eval_step=None):
+    """A run folder as the trainer leaves it at `steps` (metrics and a checkpoint folder),
+    with, if eval_step is given, the evaluation cache an older study wrote: the checkpoint
+    named by its absolute path, as `LoadedModel.source` gives it."""
+    (run_dir / "checkpoints" / str(steps)).mkdir(parents=True)
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for step in range(1, steps + 1):
+            line = {"step": step, "loss": 3.0 - 0.1 * step, "step_time_s": 0.5,
+                    "tokens_per_sec": 128.0, "tflops_per_device": 0.001}
+            if step % 2 == 0:
+                line["val_loss"] = 3.1 - 0.1 * step
+            f.write(json.dumps(line) + "\n")
+    if eval_step is not None:
+        (run_dir / "study_eval.json").write_text(json.dumps({
+            "step": eval_step, "settings": {"tasks": ["arc_easy"], "limit": 2, "shots": 0},
+            "model": f"checkpoint:{run_dir.resolve()}@{eval_step}",
+            "results": {"arc_easy": {"acc": 0.5, "acc_stderr": 0.5, "acc_norm": 0.5,
+                                     "acc_norm_stderr": 0.5, "n": 2}}}))
+
+
+@pytest.mark.parametrize("runs_dir", [None, "elsewhere/runs"])
+def test_report_names_run_folders_relative_to_itself(tmp_path, monkeypatch, runs_dir):
+    """study.json records run folders and evaluated checkpoints relative to the report
+    folder (a committed report names no machine's folders), and a path it records leads,
+    from the report folder, to the folder the --no-train study read."""
+    from lp_jax.study import memory
+    from lp_jax.study.report import resolve_report_path
+
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "configs", "tiny.yaml")
+    monkeypatch.chdir(tmp_path)  # relative --out and --runs-dir, as on a command line
+    monkeypatch.setattr(memory, "memory_table_row", lambda *a, **k: None)  # not about memory
+    run_dir = tmp_path / (runs_dir or "study/runs") / "bf16"
+    _finished_run(run_dir, 4, eval_step=4)
+    said = []
+    summary = run_study(StudyOptions(config, ("steps=4",), precisions="bf16", out="study",
+                                     runs_dir=runs_dir, tasks=("arc_easy",), limit=2,
+                                     xla_memory=False, train=False), said.append)
+    run = summary["runs"]["bf16"]
+    assert run["status"] == "complete" and run["last_step"] == 4  # read, not trained
+    expected = "runs/bf16" if runs_dir is None else "../elsewhere/runs/bf16"
+    assert run["run_dir"] == expected
+    assert run["eval"]["model"] == f"checkpoint:{expected}@4"  # not the cache's absolute path
+    assert run["eval"]["results"]["arc_easy"]["n"] == 2  # the cached scores were reused
+    recorded = resolve_report_path(tmp_path / "study", run["run_dir"])
+    assert recorded.resolve() == run_dir.resolve()
+    assert (recorded / "checkpoints" / "4").is_dir()
+    for name in ("study.json", "report.md"):
+        assert str(tmp_path) not in (tmp_path / "study" / name).read_text()
+    assert json.loads((tmp_path / "study" / "study.json").read_text())["runs"] == summary["runs"]

@@ -6,7 +6,8 @@ import pytest
 
 from lp_jax.training import data
 from lp_jax.training.checkpoint import Checkpointer, PoisonedStateError, abstract_like
-from lp_jax.training.state import place_batch, state_shardings
+from lp_jax.training.partitioning import state_shardings
+from lp_jax.training.state import place_batch
 from lp_jax.training.step import train_step
 from training_toy import setup
 
@@ -23,7 +24,7 @@ def test_save_restore_state_and_iterator(tmp_path, async_save):
     ckpt = Checkpointer(tmp_path / "ck", keep=2, async_save=async_save)
     for step in range(1, 5):
         host = next(it)
-        state, _ = train_step(graphdef, spec, state, place_batch(host, 1, spec.mesh), jnp.float32(1))
+        state, _ = train_step(graphdef, spec, state, place_batch(host, 1, spec.mesh))
         ckpt.save(step, jax.tree.map(jnp.copy, state), it, {"step": step})
     expected_batch = next(it)
     ckpt.close()

@@ -86,10 +86,10 @@ def test_stdlib_is_the_default_text():
 def test_text_cache_is_built_once(tmp_path, monkeypatch):
     _write_texts(tmp_path)
     args = ([str(tmp_path / "*.txt")], [], 0.2, ByteTokenizer(), str(tmp_path / "cache"), False)
-    train, val = prepare_data.cached_text_shards(*args)
-    assert train and val
+    train, val, binary = prepare_data.cached_text_shards(*args)
+    assert train and val and binary == []
     monkeypatch.setattr(prepare_data, "prepare", lambda *a, **k: pytest.fail("re-tokenized"))
-    assert prepare_data.cached_text_shards(*args) == (train, val)
+    assert prepare_data.cached_text_shards(*args) == (train, val, [])
     (tmp_path / "doc0.txt").write_text("changed")  # a changed file is a new cache entry
     monkeypatch.undo()
     assert prepare_data.cached_text_shards(*args)[0] != train

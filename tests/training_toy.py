@@ -6,6 +6,8 @@ from flax import nnx
 
 from lp_jax import context
 from lp_jax.training import state as state_lib
+from lp_jax.training.mesh import make_mesh
+from lp_jax.training.partitioning import state_shardings
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec
 
@@ -36,14 +38,14 @@ def opt_spec(**kw):
 
 def setup(accum=1, noisy=False, seed=0, **kw):
     """(graphdef, StepSpec, state) for the toy model on a one-device mesh."""
-    mesh = state_lib.make_mesh(1, 1)
+    mesh = make_mesh(1, 1)
     spec = StepSpec(opt_spec(**kw), accum, mesh)
     tx = make_optimizer(spec.optimizer)
     build = lambda: ToyLM(nnx.Rngs(seed), noisy=noisy)
     abstract = nnx.eval_shape(build)
     graphdef, params, rest = state_lib.split_model(abstract)
     target = state_lib.abstract_state((graphdef, params, rest), tx, seed)
-    state = state_lib.init_state(build, tx, seed, state_lib.state_shardings(target, mesh))
+    state = state_lib.init_state(build, tx, seed, state_shardings(target, mesh))
     return graphdef, spec, state
 
 

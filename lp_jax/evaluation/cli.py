@@ -132,5 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, DataPackageError, ValueError, OSError) as e:
         print(f"eval.py: error: {e}", file=sys.stderr)
         return 2
-    run(args, tasks, loaded)
+    from lp_jax.evaluation.scorer import UnscorableError
+
+    try:
+        run(args, tasks, loaded)
+    except UnscorableError as e:  # a model and tokenizer that do not belong together
+        print(f"eval.py: error: {loaded.source}: {e}", file=sys.stderr)
+        return 2
     return 0

@@ -20,7 +20,10 @@ class HFTokenizerFile:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no tokenizer file at {path}")
         self.path = path
-        self._tokenizer = Tokenizer.from_file(path)
+        try:
+            self._tokenizer = Tokenizer.from_file(path)
+        except Exception as e:  # the Rust side raises a bare Exception for any bad file
+            raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
         self.bos_id = self._prefix_token()
 
     def encode(self, text: str) -> list[int]:

@@ -156,11 +156,24 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     return model, step
 
 
-def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
-    """A training run's latest checkpoint, as the trainer writes it (issue 5's contract):
+def _recorded_model_config(checkpoint_dir: str):
+    from lp_jax.training.saved_run import RunFolderError, recorded_model_config
 
-    - `RUN_DIR/config.yaml`: the resolved run config; `model.preset` and its architecture
-      overrides give the model, `data.tokenizer` (default "bytes") the tokenizer via
+    if not os.path.isdir(checkpoint_dir):
+        return None  # restore_model_state says so
+    try:
+        return recorded_model_config(checkpoint_dir)
+    except RunFolderError:
+        return None  # no checkpoint yet: restore_model_state says so
+
+
+def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
+    """A training run's latest checkpoint, as the trainer writes it (docs/evaluation.md):
+
+    - `RUN_DIR/config.yaml`: the resolved run config; the model is the one the latest
+      checkpoint records in its `meta` item (a run started from HF weights has their
+      architecture, whatever its preset), else `model.preset` and its architecture
+      overrides; `data.tokenizer` (default "bytes") gives the tokenizer via
       `lp_jax.training.tokenizers.get_tokenizer`;
     - `RUN_DIR/checkpoints` (or `checkpoint.dir` when the config sets it): an Orbax
       CheckpointManager folder whose item `state` holds the FP32 parameters, as the
@@ -171,9 +184,19 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
     if not os.path.isdir(run_dir):
         raise LoadError(f"--checkpoint {run_dir}: not a folder")
     config = _read_run_config(run_dir)
-    abstract_model, max_length = build_model_from_run_config(config["model"], dtype)
     checkpoint_dir = (config.get("checkpoint") or {}).get("dir") or os.path.join(
         run_dir, "checkpoints")
+    recorded = _recorded_model_config(checkpoint_dir)
+    if recorded is not None:
+        from flax import nnx
+        from models.llama import Llama, LlamaConfig
+
+        cfg = LlamaConfig(**{k: getattr(recorded, k) for k in ARCHITECTURE_FIELDS},
+                          dtype=dtype, param_dtype=jnp.float32)
+        abstract_model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+        max_length = cfg.max_seq_len
+    else:
+        abstract_model, max_length = build_model_from_run_config(config["model"], dtype)
     model, step = restore_model_state(abstract_model, checkpoint_dir)
     from lp_jax.training.tokenizers import get_tokenizer
 

@@ -25,6 +25,12 @@ MIN_BUCKET = 16
 log = logging.getLogger(__name__)
 
 
+class UnscorableError(ValueError):
+    """The model cannot score these requests: token ids it has no embedding row for (a
+    tokenizer that is not the model's), or log-likelihoods that are not finite. Scores
+    would be NaN and an accuracy computed from them meaningless."""
+
+
 def bucket_length(length: int, max_length: int) -> int:
     """Smallest power of two >= length (at least MIN_BUCKET), capped at max_length."""
     bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
@@ -83,12 +89,17 @@ class LoglikelihoodScorer:
 
     logits_fn: `tokens_BxL (int32) -> logits_BxLxV`, a function or an NNX model.
     max_length: the model's context length; longer pairs lose context from the left.
+    vocab_size: ids the model embeds (default: `logits_fn.config.vocab_size` where there
+    is one); a request with an id outside it is an UnscorableError.
     """
 
     def __init__(self, logits_fn, tokenizer: Tokenizer, *, max_length: int,
-                 batch_size: int = 16, progress: bool = True):
+                 batch_size: int = 16, progress: bool = True, vocab_size: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if vocab_size is None:
+            vocab_size = getattr(getattr(logits_fn, "config", None), "vocab_size", None)
+        self.vocab_size = vocab_size
         self.encoder = PairEncoder(tokenizer, max_length)
         self.max_length = max_length
         self.batch_size = batch_size
@@ -112,6 +123,8 @@ class LoglikelihoodScorer:
                         desc: str = "scoring") -> list[float]:
         if not requests:
             return []
+        if self.vocab_size is not None:
+            _check_ids(requests, self.vocab_size)
         rows = _group_rows(requests)
         group_width = max(len(indices) for _, indices in rows)
         # One row count for the whole call keeps shapes few; a tiny call is not padded
@@ -139,4 +152,15 @@ class LoglikelihoodScorer:
             for b, (_, indices) in enumerate(batch):
                 for k, i in enumerate(indices):
                     results[i] = float(sums[b, k])
+        broken = int(np.sum(~np.isfinite(results)))
+        if broken:
+            raise UnscorableError(f"{broken} of {len(results)} log-likelihoods are not finite "
+                                  "(NaN or inf): the model's weights or logits are broken")
         return results.tolist()
+
+
+def _check_ids(requests: Sequence[TokenizedRequest], vocab_size: int) -> None:
+    top = max(max(r.input_ids + r.continuation_ids) for r in requests)
+    if top >= vocab_size:
+        raise UnscorableError(f"the tokenizer gives token id {top}, outside the model's "
+                              f"vocabulary of {vocab_size} ids: it is not this model's tokenizer")

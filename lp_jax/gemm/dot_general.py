@@ -4,9 +4,10 @@
 signature plus the ``out_sharding`` keyword that ``nnx.Linear`` passes, so it can be set as
 ``linear.dot_general``. Its custom VJP:
 
-- forward: quantizes x along K and W along K (fprop), and already the copies the backward
-  needs (x along M for wgrad, after the RHT for NVFP4; W along N for dgrad unless the same
-  bytes serve), and keeps only those quantized copies as residuals, not BF16 tensors;
+- forward: quantizes x and W along K for fprop and, in the same pass, the copies the
+  backward needs (x along M for wgrad, after the RHT for NVFP4; W along N for dgrad, unless
+  the fprop bytes serve both), and keeps only those quantized copies as residuals, not
+  BF16 tensors;
 - backward: quantizes dy along N (dgrad) and along M (wgrad), with stochastic rounding
   where the recipe says, from bits keyed by (seed, step, layer, call site) via
   lp_jax.context, so a resumed run draws the same bits.
@@ -16,8 +17,11 @@ Each of the three GEMMs goes to the recipe's backend (lp_jax/gemm/backends.py): 
 program is lowered. The residuals are the same for every backend, so the choice never
 changes what the backward keeps.
 
-Weight gradients come back in FP32: with ``KeepKernelDtype`` as the Linear's promote_dtype
-(``apply_recipe`` sets both), the FP32 master kernel reaches this function, is cast to the
+Weight gradients come back in FP32 only with ``KeepKernelDtype`` as the Linear's
+promote_dtype (``apply_recipe`` sets both; set it yourself when you pass this dot_general to
+an ``nnx.Linear`` by hand: otherwise Flax casts the kernel to BF16 before the call, and the
+weight gradient, though upcast to the FP32 parameter's dtype, holds only BF16 values). With
+it, the FP32 master kernel reaches this function, is cast to the
 activation dtype (BF16) here, and its cotangent is the FP32 wgrad output, as TE writes
 wgrad into the FP32 main gradient.
 """
@@ -77,9 +81,6 @@ def _forward(cfg, x, w, key_data):
     return y, (wgrad_x, dgrad_w, key_data)
 
 
-_linear_fwd = _forward
-
-
 def _linear_bwd(cfg, res, dy):
     r = cfg.recipe
     wgrad_x, dgrad_w, key_data = res
@@ -96,7 +97,7 @@ def _linear_bwd(cfg, res, dy):
     return dx, dw, None
 
 
-_linear.defvjp(_linear_fwd, _linear_bwd)
+_linear.defvjp(_forward, _linear_bwd)
 
 
 @dataclasses.dataclass(frozen=True)

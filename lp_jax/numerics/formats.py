@@ -1,6 +1,6 @@
 """Element formats and the exact float32 bit manipulations the scaling rules need.
 
-Everything here is pure jnp on float32 and follows docs/numerics.md (the shared numerics
+Everything here is pure jnp on float32 and follows docs/numerics.md (the numerics
 contract). Two facts shape the code:
 
 - ``astype`` to E4M3/E5M2 does not saturate (overflow becomes NaN/inf), so every cast goes

@@ -104,8 +104,13 @@ def mxfp8_blocks(xb, scale_rule="rceil"):
 
 
 def nvfp4_block_scales(amax_b, s_enc):
-    """s_b = cast_satfinite_e4m3(amax_b * (S_enc * fp32(1/6))), the product formed first."""
-    return F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3)
+    """s_b = cast_satfinite_e4m3(amax_b * (S_enc * fp32(1/6))), the product formed first.
+
+    Every user widens s_b back to FP32 (for enc_b, for q * s_b): without the barrier, XLA's
+    GPU pass that drops f32 -> fp8 -> f32 chains as excess precision would skip the E4M3
+    rounding of the block scales. A no-op on CPU; per block, so it costs little.
+    """
+    return lax.optimization_barrier(F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3))
 
 
 def _nvfp4_scaled(x, enc):

@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ablations", action="store_true",
                    help="add NVFP4 with F0L0, without RHT, without stochastic rounding, "
                         "without 2D weight blocks")
+    p.add_argument("--seeds", default="",
+                   help="train every run once per seed and report paired gaps with 95%% "
+                        "confidence intervals: a list (0,1,2) or a count N (seeds 0..N-1); "
+                        "adds a BF16 twin per seed as the noise band (default: the config's "
+                        "seed only)")
+    p.add_argument("--no-twin", action="store_true",
+                   help="with --seeds: no BF16 twin runs")
     p.add_argument("--out", help="report folder (default runs/study/<config name>)")
     p.add_argument("--runs-dir", help="where the run folders are (default <out>/runs); "
                                       "finished runs found there are reused")
@@ -69,6 +76,25 @@ def _tasks(text: str) -> tuple[str, ...]:
     return tasks
 
 
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """'' -> (); '4' -> (0, 1, 2, 3); '0,2,5' -> (0, 2, 5)."""
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        if "," not in text:
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            return tuple(range(count))
+        seeds = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: give a count (4) or a list of integers (0,1,2)") from None
+    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds {text!r}: seeds must be distinct non-negative integers")
+    return seeds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # This process only analyses (compiles, loads checkpoints) after every run has trained
@@ -78,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["LP_JAX_STUDY_SET_PREALLOCATE"] = "1"
     from lp_jax.evaluation.data_package import DataPackageError
     from lp_jax.study.runs import StudyInterrupted
-    from lp_jax.study.study import StudyOptions, plan_variants, run_study
+    from lp_jax.study.study import StudyOptions, plan_seeds, run_study
 
     try:
         if args.limit < 0 or args.shots < 0 or args.progress_every <= 0:
@@ -88,13 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--config {args.config}: no such file")
         options = StudyOptions(
             config=args.config, overrides=tuple(args.overrides), precisions=args.precisions,
-            ablations=args.ablations, out=args.out, runs_dir=args.runs_dir,
+            ablations=args.ablations, seeds=parse_seeds(args.seeds), twin=not args.no_twin,
+            out=args.out, runs_dir=args.runs_dir,
             tasks=_tasks(args.tasks), limit=args.limit or None, shots=args.shots,
             xla_memory=not args.no_xla_memory, train=not args.no_train,
             progress_every=args.progress_every,
             command=shlex.join(["python", "-m", "lp_jax.study",
                                 *(sys.argv[1:] if argv is None else argv)]))
-        plan_variants(options)  # every config error before anything trains
+        plan_seeds(options)  # every config error before anything trains
     except (ValueError, DataPackageError) as e:  # ConfigError is a ValueError
         print(f"python -m lp_jax.study: error: {e}", file=sys.stderr)
         return 2
@@ -104,8 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StudyInterrupted as e:
         say(f"study: interrupted ({e}); re-run the same command to resume")
         return 130
-    bad = [name for name, run in summary["runs"].items()
-           if run["status"] not in ("complete", "trained")]
+    bad = summary["unfinished"]
     if bad:
         say(f"study: {len(bad)} run(s) did not finish: {', '.join(bad)} (see the report)")
         return 1

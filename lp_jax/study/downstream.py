@@ -1,7 +1,7 @@
 """Table 1: downstream accuracy of each run's final checkpoint (lp_jax.evaluation).
 
-As eval.py does, and as the seed does to isolate the training precision, every model is
-evaluated in BF16 with no recipe applied, whatever precision trained it. Results are
+As eval.py does, every model is evaluated in BF16 with no recipe applied, whatever
+precision trained it, so that the scores isolate the training precision. Results are
 cached in RUN_DIR/study_eval.json with the checkpoint step and the settings, so writing the
 report again does not score again.
 """
@@ -40,18 +40,3 @@ def evaluate_run(run_dir: str | os.PathLike, tasks: list[str], limit: int | None
     cache.write_text(json.dumps(out, indent=1))
     return out
 
-
-def headline(results: dict, tasks: list[str]) -> dict:
-    """Per requested task: (acc_norm where the harness reports it for that task, else acc)
-    with its standard error; MMLU and WinoGrande use acc, as the seed's tables do."""
-    out = {}
-    for task in tasks:
-        r = results.get(task)
-        if not r:
-            continue
-        metric = "acc" if task in ("mmlu", "winogrande", "boolq") else "acc_norm"
-        if r.get(metric) is None:
-            metric = "acc"
-        out[task] = {"metric": metric, "value": r.get(metric),
-                     "stderr": r.get(f"{metric}_stderr"), "n": r.get("n")}
-    return out

@@ -112,8 +112,7 @@ def xla_step_memory(plan, graphdef, state, mesh) -> dict:
     batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=rows)
              for k, v in _micro_batch(per_pass, cfg.data.seq_len).items()}
     step = jitted_train_step(spec, abstract)
-    compiled = step.lower(graphdef, spec, abstract, batch,
-                          jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    compiled = step.lower(graphdef, spec, abstract, batch).compile()
     analysis = compiled.memory_analysis()
     if analysis is None:
         return {}
@@ -130,7 +129,8 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
 
     import lp_jax
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-    from lp_jax.training.state import abstract_state, make_mesh, split_model
+    from lp_jax.training.mesh import make_mesh
+    from lp_jax.training.state import abstract_state, split_model
     from lp_jax.training.validate import resolve
 
     plan = resolve(config)

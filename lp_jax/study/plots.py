@@ -1,4 +1,4 @@
-"""The loss figures (as the NVFP4 paper's Figures 2-4): per set of variants, training loss
+"""The loss figures (as Figures 2-4 of NVIDIA's "Pretraining Large Language Models with NVFP4"): per set of variants, training loss
 and validation loss against tokens, and below each the relative gap to BF16 in percent."""
 from __future__ import annotations
 
@@ -98,3 +98,39 @@ def _clip_warmup(ax) -> None:
         low = min(lows)
         high = max(min(max(highs), low * 1.6), low * 1.05)
         ax.set_ylim(low - 0.02 * (high - low), high)
+
+
+def gaps_figure(path: str | os.PathLike, summary: dict, band: tuple[float, float] | None) -> None:
+    """Gap to BF16 per seed (dots) for each run, with the mean and its 95% interval (bar),
+    and the range of the BF16 twin's gaps shaded: where "no effect" lies at this scale."""
+    names = sorted(summary, key=lambda n: summary[n]["group"] != "twin")
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(names) + 2), 4))
+    if band is not None:
+        ax.axhspan(100 * band[0], 100 * band[1], color="0.85", zorder=0,
+                   label="BF16 twin's range over seeds")
+    colors = assign_colors([{"name": n, "recipe": summary[n]["recipe"]} for n in names])
+    for x, name in enumerate(names):
+        n = summary[name]
+        gaps = list(n["gap"].values())
+        jitter = np.linspace(-0.12, 0.12, len(gaps)) if len(gaps) > 1 else [0.0]
+        ax.scatter(x + np.asarray(jitter), 100 * np.asarray(gaps), s=16, alpha=0.7,
+                   color=colors[name], zorder=2)
+        s = n["gap_stats"]
+        if s["mean"] is None:
+            continue
+        if s["ci"] is not None:
+            low, high = 100 * (s["mean"] - s["ci"][0]), 100 * (s["ci"][1] - s["mean"])
+            ax.errorbar(x + 0.3, 100 * s["mean"], yerr=[[low], [high]], fmt="D", ms=6,
+                        color=colors[name], capsize=4, zorder=3)
+        else:
+            ax.scatter(x + 0.3, 100 * s["mean"], marker="D", s=36, color=colors[name], zorder=3)
+    ax.axhline(0.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(names)), [summary[n]["label"] for n in names], rotation=20, ha="right")
+    ax.set_ylabel("final validation gap to BF16 (%)")
+    ax.set_title("gap to BF16: each seed (dots), mean and 95% CI (diamond)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    if band is not None:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import time
 
-from lp_jax.study import curves, plots, throughput
+from lp_jax.study import curves, plots, seeds, throughput
 from lp_jax.study.tables import fmt as _fmt, pct as _pct, table as _table
 from lp_jax.study.tables import table1, table2, table3
-from lp_jax.study.variants import REFERENCE
+from lp_jax.study.variants import REFERENCE, TARGETS
 
-# The issue's targets for the final validation loss against BF16 (default policies): a
-# cap on how much worse than BF16 a precision may end; ending lower than BF16 meets them.
-TARGETS = {"fp8_cs": 0.01, "mxfp8": 0.01, "nvfp4": 0.03}
 CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
 
 
@@ -34,8 +32,22 @@ def _downsample(steps, values, points: int) -> list[list[float]]:
     return [[int(steps[i]), None if values[i] != values[i] else float(values[i])] for i in idx]
 
 
-def collect_numbers(entries: list[dict]) -> dict:
-    """study.json's per-run section: statuses, final losses and gaps, curves, Tables 1-3."""
+def report_path(path, out) -> str:
+    """``path`` as the report records it: relative to the report folder ``out``, with '/'
+    separators. A report folder is moved, copied and committed (docs/study_tiny/), so it
+    must not name the folders of the machine that wrote it; a run folder outside the
+    report folder (``--runs-dir``) comes out with '..'."""
+    return pathlib.Path(os.path.relpath(os.path.abspath(path), os.path.abspath(out))).as_posix()
+
+
+def resolve_report_path(out, recorded: str) -> pathlib.Path:
+    """The folder a path recorded by ``report_path`` names, seen from the report folder."""
+    return pathlib.Path(out) / recorded
+
+
+def collect_numbers(entries: list[dict], out) -> dict:
+    """study.json's per-run section: statuses, final losses and gaps, curves, Tables 1-3.
+    Run folders and checkpoints are named relative to the report folder ``out``."""
     ref = next((e for e in entries if e["variant"].name == REFERENCE), None)
     nvfp4 = next((e for e in entries if e["variant"].name == "nvfp4"), None)
 
@@ -56,15 +68,16 @@ def collect_numbers(entries: list[dict]) -> dict:
         late = gaps[steps > entry["status"].target_step / 2]
         return float(late.mean()) if len(late) else None
 
-    out = {}
+    numbers = {}
     for e in entries:
         v, s, status = e["variant"], e["summary"], e["status"]
+        run_dir = report_path(e["config"].run_dir, out)
         steps, loss = curves.train_curve(e["metrics"])
         smoothed = curves.smooth(loss, curves.smoothing_window(len(loss)))
         v_steps, v_loss = curves.val_curve(e["metrics"])
-        out[v.name] = {
+        numbers[v.name] = {
             "label": v.label, "group": v.group, "recipe": v.recipe, "policy": _policy(v),
-            "precision": e["config"].precision.__dict__, "run_dir": e["config"].run_dir,
+            "precision": e["config"].precision.__dict__, "run_dir": run_dir,
             "status": status.state, "message": status.message,
             "target_step": status.target_step, **s,
             "val_gap_to_bf16": gap(s, ref, "final_val_loss", "final_val_step"),
@@ -76,10 +89,10 @@ def collect_numbers(entries: list[dict]) -> dict:
             "throughput": {**e["throughput"],
                            "speedup_over_bf16": throughput.speedup(
                                e["throughput"], ref["throughput"] if ref else None)},
-            "memory_bytes": e["memory"], "eval": _eval_summary(e["eval"]),
+            "memory_bytes": e["memory"], "eval": _eval_summary(e["eval"], run_dir),
             "errors": e["errors"],
         }
-    return out
+    return numbers
 
 
 def _tokens(count: float) -> str:
@@ -126,15 +139,20 @@ def _compact_json(data, depth: int = 0) -> str:
     return json.dumps(data, default=str, separators=(",", ":"))
 
 
-def _eval_summary(result: dict | None) -> dict | None:
-    """Table 1's results without MMLU's 57 subjects (they stay in RUN_DIR/study_eval.json)."""
+def _eval_summary(result: dict | None, run_dir: str) -> dict | None:
+    """Table 1's results without MMLU's 57 subjects (they stay in RUN_DIR/study_eval.json).
+
+    The evaluated checkpoint is named as ``checkpoint:<run_dir>@<step>`` with the run folder
+    relative to the report folder: the cache in the run folder holds the absolute path the
+    evaluation loaded (``LoadedModel.source``), which must not reach the report."""
     if not result:
         return result
     from lp_jax.evaluation.mmlu import SUBJECTS
 
     subjects = {f"mmlu_{s}" for s in SUBJECTS}
     kept = {k: v for k, v in result.get("results", {}).items() if k not in subjects}
-    return {**result, "results": kept}
+    model = f"checkpoint:{run_dir}@{result['step']}" if "step" in result else result.get("model")
+    return {**result, "model": model, "results": kept}
 
 
 def _note(status) -> str:
@@ -150,8 +168,10 @@ def _command(options) -> str:
 
 
 def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: str | None,
-                 seconds: float) -> dict:
-    numbers = collect_numbers(entries)
+                 seconds: float, by_seed: dict | None = None) -> dict:
+    """``entries``: the runs shown in detail (the first seed's); ``by_seed``: {seed: its
+    entries} for a multi-seed study, which adds the statistics across seeds."""
+    numbers = collect_numbers(entries, out)
     config = entries[0]["config"]
     tokens_per_step = config.data.global_batch_size * config.data.seq_len
     figures = []
@@ -174,18 +194,34 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
                "eval_settings": {"tasks": list(options.tasks), "limit": options.limit,
                                  "shots": options.shots},
                "targets": TARGETS, "runs": numbers, "figures": [f for _, f in figures]}
+    seed_lines = []
+    if by_seed:
+        across = seeds.summarize({s: collect_numbers(e, out) for s, e in by_seed.items()})
+        band = seeds.noise_band(across)
+        figure = None
+        if across:
+            figure = "gaps_by_seed.png"
+            plots.gaps_figure(out / figure, across, band)
+            summary["figures"].append(figure)
+        summary["seeds"] = {"seeds": sorted(by_seed), "runs": across,
+                            "twin_band": None if band is None else list(band)}
+        seed_lines = seeds.markdown(across, sorted(by_seed), figure)
     (out / "study.json").write_text(_compact_json(summary) + "\n")
-    (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted))
+    (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted,
+                                             seed_lines))
     return summary
 
 
-def _markdown(entries, numbers, figures, options, interrupted) -> str:
+def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) -> str:
     lines = ["# Training-precision study", ""]
     if interrupted:
         lines += [f"**Interrupted ({interrupted}): partial report; re-run the same command to "
                   "resume.**", ""]
     lines += _setup_lines(entries, options) + [""]
-    lines += ["## Final losses", "",
+    heading = "## Final losses"
+    if seed_lines:
+        heading += f" (seed {entries[0]['config'].seed}, shown in detail; every seed: Across seeds)"
+    lines += [heading, "",
               "Final validation loss at the last step; training loss averaged over the last "
               "2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
               "validation gap averages the gaps of every validation in the second half of "
@@ -202,9 +238,10 @@ def _markdown(entries, numbers, figures, options, interrupted) -> str:
                      _pct(n["train_gap_to_bf16"]), verdict])
     lines += [_table(["run", "policy", "quantized linears", "status", "final val loss",
                       "gap to BF16", "mean val gap, 2nd half", "final train loss",
-                      "gap to BF16", "issue target (final val gap)"], rows), ""]
+                      "gap to BF16", "target (final val gap)"], rows), ""]
     for title, name in figures:
         lines += [f"![{title}]({name})", ""]
+    lines += list(seed_lines)
     lines += table1(numbers, options) + table2(numbers) + table3(numbers)
     ablations = {k: n for k, n in numbers.items() if n["group"] == "ablations" and k != "nvfp4"}
     if ablations:

@@ -18,7 +18,8 @@ from typing import Callable
 from lp_jax.study import curves, downstream, memory, runs, throughput
 from lp_jax.study.report import write_report
 from lp_jax.study.variants import (DEFAULT_PRECISIONS, Variant, ablation_variants,
-                                   nvfp4_reference, parse_precisions, variant_config)
+                                   nvfp4_reference, parse_precisions, twin_variant,
+                                   variant_config)
 from lp_jax.training.api import load
 from lp_jax.training.config_io import ConfigError, apply_overrides
 from lp_jax.training.metrics import read_metrics
@@ -28,10 +29,16 @@ from lp_jax.training.metrics import read_metrics
 class StudyOptions:
     config: str | None  # YAML run config (None: the trainer's defaults)
     # Dotted key=value, applied to every run; NAME:key=value only to run NAME (nvfp4,
-    # fp8_cs, nvfp4_no_rht, ...), e.g. nvfp4:data.micro_batch_size=4 as in the NVFP4 paper.
+    # fp8_cs, nvfp4_no_rht, ...), e.g. nvfp4:data.micro_batch_size=4, as the Megatron Bridge
+    # study ran NVFP4.
     overrides: tuple[str, ...] = ()
     precisions: str = DEFAULT_PRECISIONS
     ablations: bool = False  # add the NVFP4 ablation runs
+    # Every run once per seed (the trained seed, as the config's `seed` key), plus a BF16
+    # twin per seed; the report adds paired gaps with confidence intervals. (): one run per
+    # precision with the config's seed, as a single-seed study.
+    seeds: tuple[int, ...] = ()
+    twin: bool = True  # with seeds: the BF16 twin (variants.twin_variant)
     out: str | None = None  # report folder (default runs/study/<config name>)
     runs_dir: str | None = None  # run folders (default <out>/runs)
     tasks: tuple[str, ...] = downstream.DEFAULT_TASKS  # () skips Table 1
@@ -50,20 +57,33 @@ def report_dir(options: StudyOptions) -> pathlib.Path:
     return pathlib.Path("runs") / "study" / name
 
 
-def plan_variants(options: StudyOptions) -> list[tuple[Variant, object]]:
-    """(variant, its TrainConfig) for every run; config errors raise before any training."""
+def plan_seeds(options: StudyOptions) -> dict[int | None, list[tuple[Variant, object]]]:
+    """{seed: its runs} (one entry, None, without --seeds); every config error of every
+    seed raises before anything trains."""
+    seeds = options.seeds or (None,)
+    return {seed: plan_variants(options, seed) for seed in seeds}
+
+
+def plan_variants(options: StudyOptions, seed: int | None = None) -> list[tuple[Variant, object]]:
+    """(variant, its TrainConfig) for every run of one seed (None: the config's seed, run
+    folders straight under the runs folder; else under `seed<k>/`); config errors raise
+    before any training."""
     from lp_jax.training.validate import resolve
 
     common, own = split_overrides(options.overrides)
-    base = load(options.config, *common)
+    base = load(options.config, *common, *([] if seed is None else [f"seed={seed}"]))
     variants = parse_precisions(options.precisions)
     if options.ablations:
         variants += nvfp4_reference(variants) + ablation_variants(variants)
+    if options.seeds and options.twin:
+        variants.append(twin_variant(base))
     unknown = sorted(set(own) - {v.name for v in variants})
     if unknown:
         raise ConfigError(f"override for {unknown[0]!r}, which is not a run of this study "
                           f"(runs: {', '.join(v.name for v in variants)})")
     runs_dir = pathlib.Path(options.runs_dir) if options.runs_dir else report_dir(options) / "runs"
+    if seed is not None:
+        runs_dir = runs_dir / f"seed{seed}"
     planned = []
     for variant in variants:
         try:
@@ -121,41 +141,59 @@ class _TermAsInterrupt:
 def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict:
     """Trains what is missing, writes the report folder, returns the study's numbers."""
     started = time.time()
-    planned = plan_variants(options)
+    plans = plan_seeds(options)
     out = report_dir(options)
     out.mkdir(parents=True, exist_ok=True)
-    say(f"study: {len(planned)} runs ({', '.join(v.name for v, _ in planned)}); "
-        f"report in {out}")
-    statuses: dict[str, runs.RunStatus] = {}
+    names = [v.name for v, _ in next(iter(plans.values()))]
+    seeds_text = "" if options.seeds else "; "
+    if options.seeds:
+        seeds_text = f" x {len(plans)} seeds ({', '.join(map(str, options.seeds))}); "
+    say(f"study: {len(names)} runs ({', '.join(names)}){seeds_text}report in {out}")
+    statuses: dict[tuple, runs.RunStatus] = {}
     interrupted = None
     with _TermAsInterrupt():
-        for variant, config in planned:
-            if interrupted:
-                statuses[variant.name] = runs.RunStatus("not run", config.end_step,
-                                                        message="the study was interrupted")
-                continue
-            try:
-                if options.train:
-                    statuses[variant.name] = runs.train(config, variant.name, say,
-                                                        options.progress_every)
-                else:
-                    statuses[variant.name] = runs.inspect_run(config)
-            except (KeyboardInterrupt, runs.StudyInterrupted) as e:
-                interrupted = str(e) or "interrupted"
-                statuses[variant.name] = runs.RunStatus("interrupted", config.end_step,
-                                                        message=interrupted)
-            if statuses[variant.name].state == "conflict":
-                say(f"[{variant.name}] {statuses[variant.name].message}")
-            elif statuses[variant.name].state == "complete":
-                say(f"[{variant.name}] reusing the finished run in {config.run_dir}")
-    entries = [_analyse(variant, config, statuses[variant.name], options, say,
-                        heavy=interrupted is None) for variant, config in planned]
-    summary = write_report(out, entries, options, interrupted,
-                           seconds=time.time() - started)
+        # Seed by seed: a study grows one complete seed at a time across sessions.
+        for seed, planned in plans.items():
+            for variant, config in planned:
+                key, name = (seed, variant.name), _run_name(seed, variant)
+                if interrupted:
+                    statuses[key] = runs.RunStatus("not run", config.end_step,
+                                                   message="the study was interrupted")
+                    continue
+                try:
+                    if options.train:
+                        statuses[key] = runs.train(config, name, say, options.progress_every)
+                    else:
+                        statuses[key] = runs.inspect_run(config)
+                except (KeyboardInterrupt, runs.StudyInterrupted) as e:
+                    interrupted = str(e) or "interrupted"
+                    statuses[key] = runs.RunStatus("interrupted", config.end_step,
+                                                   message=interrupted)
+                if statuses[key].state == "conflict":
+                    say(f"[{name}] {statuses[key].message}")
+                elif statuses[key].state == "complete":
+                    say(f"[{name}] reusing the finished run in {config.run_dir}")
+    # The first seed is analysed in full (memory, downstream evaluation); the others only
+    # for their losses, which is all the statistics across seeds need.
+    by_seed = {}
+    for i, (seed, planned) in enumerate(plans.items()):
+        by_seed[seed] = [_analyse(variant, config, statuses[(seed, variant.name)], options, say,
+                                  heavy=interrupted is None and i == 0)
+                         for variant, config in planned]
+    entries = next(iter(by_seed.values()))
+    summary = write_report(out, entries, options, interrupted, seconds=time.time() - started,
+                           by_seed=by_seed if options.seeds else None)
+    # Runs of every seed that did not reach their target (the report's runs are one seed's).
+    summary["unfinished"] = [name if seed is None else f"seed{seed}/{name}"
+                             for (seed, name), status in statuses.items() if not status.ok]
     say(f"study: report written to {out / 'report.md'}")
     if interrupted:
         raise runs.StudyInterrupted(interrupted)
     return summary
+
+
+def _run_name(seed: int | None, variant: Variant) -> str:
+    return variant.name if seed is None else f"seed{seed}/{variant.name}"
 
 
 def _analyse(variant: Variant, config, status: runs.RunStatus, options: StudyOptions,

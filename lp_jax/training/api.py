@@ -51,7 +51,8 @@ def llama3_8b_low_precision_pretrain_config(
     save_interval: int = 500,
     **overrides: Any,
 ) -> TrainConfig:
-    """Llama 3 8B with NUMERICS.md's Megatron Bridge recipe in the given precision.
+    """Llama 3 8B with Megatron Bridge's low-precision pretraining recipe (docs/numerics.md)
+    in the given precision.
 
     With no ``data_paths`` (or ``mock=True``) the data are Bridge's mock data: random
     tokens, for benchmarks. Raises ConfigError (a ValueError) for an unknown recipe or key.

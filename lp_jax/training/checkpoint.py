@@ -18,20 +18,38 @@ slices from the saved arrays, so a run saved on (data 2, fsdp 4) resumes on (fsd
 With several processes every one calls save and restore (Orbax writes each array's
 shards from the process that holds them and coordinates the commit); the run folder must
 be on a file system they all see.
+
+A save that cannot be written is a ``CheckpointWriteError`` at once (never Orbax's
+300-second wait for a folder that was never made). A resume takes the newest checkpoint
+that restores completely (``restore_newest``); newer damaged ones are named and set aside.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import glob
 import json
+import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from lp_jax.training.folders import write_problem
 
 
 class PoisonedStateError(RuntimeError):
     """Raised instead of writing a checkpoint whose parameters or moments are not finite."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (the folder went away, turned read-only, filled
+    up). The message is one line; the checkpoints written before it are untouched."""
+
+
+DAMAGED_SUFFIX = ".damaged"
 
 
 @jax.jit
@@ -49,10 +67,14 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         self._ocp = ocp
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                               enable_async_checkpointing=async_save)
+        # Step folders are made before save() returns: made in the background, a folder
+        # that cannot be made leaves the writer waiting 300 s for a signal that never comes.
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
         self.directory = os.path.abspath(directory)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        with _orbax_logs(logging.ERROR):  # an empty step folder is reported by restore_newest
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -68,13 +90,22 @@ class Checkpointer:
             raise PoisonedStateError(
                 f"refusing to save step {step}: the train state holds NaN or inf "
                 "(the non-finite-step guard should have prevented this)")
+        problem = write_problem(self.directory)
+        if problem:
+            raise CheckpointWriteError(f"cannot save step {step}: {problem}")
         ocp = self._ocp
         items = {"state": ocp.args.StandardSave(state),
                  "meta": ocp.args.JsonSave(meta)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-        # force: our loop decides when to save (every N, end, stop_at, signals).
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        # force: our loop decides when to save (every N, end, stop_at, signals). Orbax
+        # raises ValueError, OSError, TimeoutError or a bare Exception, here or for an
+        # earlier asynchronous save that failed in the background.
+        try:
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as e:
+            raise CheckpointWriteError(f"saving step {step} in {self.directory} failed: "
+                                       f"{first_line(e)}") from e
 
     def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> tuple[Any, dict]:
         """(state, meta) of ``step``; the data iterator is restored in place."""
@@ -100,12 +131,118 @@ class Checkpointer:
                 data_iterator.set_state(json.load(f))
         return restored["state"], restored["meta"]
 
+    def read_meta(self, step: int) -> dict:
+        """The ``meta`` item of ``step`` alone (the config it was saved with)."""
+        ocp = self._ocp
+        meta = self._manager.restore(
+            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        if not isinstance(meta, dict):
+            raise ValueError(f"item 'meta' holds {type(meta).__name__}, not a JSON object")
+        return meta
+
+    def restore_newest(self, abstract_state: Any, data_iterator: Any,
+                       check: Callable[[int, dict], None] | None = None) -> Resumed:
+        """The newest checkpoint that restores completely.
+
+        Newer ones that do not (a truncated array file, garbled metadata, a missing item,
+        an empty step folder) are listed in ``skipped`` with the reason and, once an older
+        one has restored, renamed ``<step>.damaged`` (kept for a look, out of Orbax's
+        sight) so the run can save those steps again. ``check(step, meta)`` runs before a
+        step's state is read, and what it raises propagates: a checkpoint of another model
+        is not damaged and must not be set aside. With no usable checkpoint, ``step`` is
+        None and nothing is renamed."""
+        skipped = []
+        for step in sorted(self.all_steps(), reverse=True):
+            meta, reason = _attempt(lambda: self.read_meta(step))
+            if reason is None and check is not None:
+                check(step, meta)
+            if reason is None:
+                restored, reason = _attempt(lambda: self.restore(step, abstract_state, data_iterator))
+            if not _on_every_process(reason is None):  # all resume from the same step
+                skipped.append((step, reason or "another process could not restore it"))
+                continue
+            for bad, _ in skipped:
+                self._set_aside(bad)
+            return Resumed(step, *restored, skipped)
+        return Resumed(None, None, None, skipped)
+
+    def _set_aside(self, step: int) -> None:
+        if jax.process_index() == 0:
+            source = os.path.join(self.directory, str(step))
+            target, n = source + DAMAGED_SUFFIX, 1
+            while os.path.lexists(target):
+                n += 1
+                target = f"{source}{DAMAGED_SUFFIX}-{n}"
+            os.rename(source, target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"lp_jax set aside checkpoint {step}")
+        self._manager.reload()
+
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Blocks until asynchronous saves are written; CheckpointWriteError if one failed."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: "
+                                       f"{first_line(e)}") from e
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+
+
+@dataclasses.dataclass
+class Resumed:
+    """What ``restore_newest`` found: the step (None: no usable checkpoint), its state and
+    meta, and the newer checkpoints skipped as (step, why)."""
+
+    step: int | None
+    state: Any
+    meta: dict | None
+    skipped: list[tuple[int, str]]
+
+
+def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
+    """(what ``read`` returns, None), or (None, why it failed). Any failure means the
+    checkpoint is unusable, whatever Orbax, JSON, TensorStore or the file system raised;
+    Orbax's own logs of it (tracebacks included) are held back, since the caller reports
+    the reason with the step."""
+    with _orbax_logs(logging.CRITICAL):
+        try:
+            return read(), None
+        except Exception as e:
+            return None, first_line(e)
+
+
+@contextlib.contextmanager
+def _orbax_logs(level: int):
+    """Orbax logs through absl's logger: only records at ``level`` or above while inside."""
+    logger = logging.getLogger("absl")
+    previous = logger.level
+    logger.setLevel(max(level, previous))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def _on_every_process(ok: bool) -> bool:
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as one short line (Orbax's messages run to pages of JSON)."""
+    text = " ".join((str(e).strip().splitlines() or [""])[0].split()) or type(e).__name__
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(e).__name__}: {text}"
 
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:

@@ -1,4 +1,6 @@
-"""The command line behind train.py: config errors exit 2 with one line, never a traceback."""
+"""The command line behind train.py: bad input (the config, or the data, folders and
+checkpoints it names) exits 2 with one line, never a traceback; a run that has to stop
+(non-finite steps, a checkpoint that cannot be written) exits 1 with one line."""
 from __future__ import annotations
 
 import argparse
@@ -8,8 +10,8 @@ from typing import Sequence
 
 from lp_jax.training.config_io import ConfigError, dump_yaml, load_config
 
-EXIT_CONFIG_ERROR = 2
-EXIT_NONFINITE = 1
+EXIT_CONFIG_ERROR = 2  # bad input: the config, or the files and folders it names
+EXIT_STOPPED = 1  # the run stopped before its end: non-finite steps, a checkpoint not written
 DEFAULT_CONFIG = "configs/tiny.yaml"
 
 
@@ -51,13 +53,17 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"fsdp={plan.fsdp} tensor={plan.tensor}, recipes "
               f"{', '.join(f'{p.name} {p.recipe.policy} from step {p.from_step}' for p in plan.phases)}")
         return 0
+    from lp_jax.training.checkpoint import CheckpointWriteError
     from lp_jax.training.loop import NonFiniteLossError, run
 
     try:
         result = run(plan)
-    except NonFiniteLossError as e:
+    except ConfigError as e:  # found once the run opens its data and checkpoints
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    except (NonFiniteLossError, CheckpointWriteError) as e:
         print(f"train.py: stopped: {e}", file=sys.stderr)
-        return EXIT_NONFINITE
+        return EXIT_STOPPED
     val = f", val_loss {result.val_loss:.4f}" if result.val_loss is not None else ""
     loss = f"loss {result.loss:.4f}" if result.loss is not None else "nothing left to train"
     print(f"step {result.step}/{config.steps}: {loss}{val}; "

@@ -137,6 +137,9 @@ class OptimizerConfig:
     # A step whose loss or gradient norm is not finite: skip (no update; counted and
     # logged as nonfinite_steps) or stop (exit 1 with a message; nothing is saved).
     on_nonfinite: str = "skip"
+    # With skip: this many non-finite steps in a row stop the run as `stop` would (exit 1),
+    # since no update is being made (broken data or weights); 0: no limit.
+    max_nonfinite_in_a_row: int = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +172,18 @@ class CheckpointConfig:
     resume: bool = True
     # None: <run_dir>/checkpoints
     dir: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class InitConfig:
+    """Start a new run from existing weights (init_weights.py), with a fresh optimizer and
+    schedule. The model keys come from those weights unless set; a resumed run restores its
+    own checkpoints and ignores these."""
+
+    # A Hugging Face Llama folder (config.json + safetensors), e.g. one exported from a run.
+    hf: Optional[str] = None
+    # Another run's checkpoint: RUN_DIR (its latest step) or RUN_DIR@STEP.
+    checkpoint: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +237,8 @@ class DistributedConfig:
 class DebugConfig:
     """Fault injection for tests of the run's safety nets."""
 
-    # Steps whose loss and gradients are multiplied by NaN (tests the non-finite guard).
+    # Steps fed an id outside the vocabulary, whose embedding lookup is NaN, so that loss
+    # and gradients are NaN (tests the non-finite guard on the production step).
     inject_nan_at_steps: tuple[int, ...] = ()
 
 
@@ -247,6 +263,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     schedule: ScheduleConfig = ScheduleConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    init: InitConfig = InitConfig()
     logging: LoggingConfig = LoggingConfig()
     mesh: MeshConfig = MeshConfig()
     distributed: DistributedConfig = DistributedConfig()

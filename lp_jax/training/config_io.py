@@ -20,7 +20,9 @@ from lp_jax.training.config import PrecisionConfig, TrainConfig
 
 
 class ConfigError(ValueError):
-    """A bad config: the message is one line that names the key, the value and what is allowed."""
+    """Bad input to a run: a config key, or what one names (a data file, the run folder, a
+    checkpoint that does not fit). The message is one line that names the key or the file,
+    what is wrong and what is allowed; train.py prints it and exits with status 2."""
 
 
 def load_config(path: str | pathlib.Path | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
@@ -28,10 +30,18 @@ def load_config(path: str | pathlib.Path | None = None, overrides: Iterable[str]
     raw: Any = {}
     if path is not None:
         path = pathlib.Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {str(path)!r} is a folder, not a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte "
+                              f"{e.object[e.start]:#04x} at offset {e.start})") from None
+        except OSError as e:
+            raise ConfigError(f"config file {str(path)!r} cannot be read: "
+                              f"{e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: "
                               f"{' '.join(str(e).split())}") from None

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lp_jax.training import shards
+from lp_jax.training.config_io import ConfigError
 
 EXAMPLE_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
@@ -52,12 +53,26 @@ def pack_sequence(window: np.ndarray, bos_id: int) -> dict[str, np.ndarray]:
 
 
 class PackedSequences:
-    """Random-access source of packed sequences over token shards (grain's source protocol)."""
+    """Random-access source of packed sequences over token shards (grain's source protocol).
 
-    def __init__(self, arrays: Sequence[np.ndarray], seq_len: int, bos_id: int):
+    With ``vocab_size``, every sequence read is checked for ids outside ``[0, vocab_size)``
+    (a shard made with another tokenizer): the embedding lookup would turn them into NaN,
+    and every step would be skipped. Checking as sequences are read costs one min/max per
+    sequence, where scanning every shard up front would read the whole data set first;
+    the first sequence of each shard is checked at once, so a shard from another
+    tokenizer is refused before the run writes anything."""
+
+    def __init__(self, arrays: Sequence[np.ndarray], seq_len: int, bos_id: int,
+                 vocab_size: int | None = None, names: Sequence[str] | None = None):
         self.arrays, self.seq_len, self.bos_id = list(arrays), seq_len, bos_id
+        self.vocab_size = vocab_size
+        self.names = list(names) if names is not None else [f"#{i}" for i in range(len(self.arrays))]
         counts = [max(0, (len(a) - 1) // seq_len) for a in self.arrays]
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if vocab_size is not None:
+            for shard, array in enumerate(self.arrays):
+                if len(array):
+                    self._check_ids(array[:seq_len + 1], shard, 0)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -65,7 +80,21 @@ class PackedSequences:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
         start = (int(index) - int(self.offsets[shard])) * self.seq_len
-        return pack_sequence(self.arrays[shard][start:start + self.seq_len + 1], self.bos_id)
+        window = self.arrays[shard][start:start + self.seq_len + 1]
+        if self.vocab_size is not None:
+            self._check_ids(window, shard, start)
+        return pack_sequence(window, self.bos_id)
+
+    def _check_ids(self, window: np.ndarray, shard: int, start: int) -> None:
+        low, high = int(window.min()), int(window.max())
+        if low >= 0 and high < self.vocab_size:
+            return
+        bad = low if low < 0 else high
+        at = start + int(np.argmax(window == bad))
+        raise ConfigError(
+            f"token shard {self.names[shard]!r} holds id {bad} at token {at:,}, outside the "
+            f"model's vocabulary of {self.vocab_size} ids (made with another tokenizer than "
+            "data.tokenizer? model.vocab_size too small?)")
 
 
 class MockSequences:
@@ -104,28 +133,43 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
         val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED)
         return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed), val,
                       f"mock tokens (vocab {vocab_size})")
+    binary: list[str] = []
     if data_cfg.source == "text":
         from lp_jax.training.prepare_data import cached_text_shards
 
-        train_paths, val_paths = cached_text_shards(
-            data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction, tokenizer,
-            data_cfg.cache_dir, progress=progress)
+        try:
+            train_paths, val_paths, binary = cached_text_shards(
+                data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction, tokenizer,
+                data_cfg.cache_dir, progress=progress)
+        except ValueError as e:
+            raise ConfigError(f"data.paths: {e}") from None
         what = ", ".join(data_cfg.paths) or "the Python standard library"
     else:  # tokens
         train_paths = shards.expand_globs(data_cfg.paths)
         val_paths = shards.expand_globs(data_cfg.val_paths)
         what = ", ".join(data_cfg.paths)
-    train = PackedSequences(shards.open_shards(train_paths, data_cfg.token_dtype),
-                            data_cfg.seq_len, tokenizer.bos_id)
+
+    def packed(paths, key):
+        try:
+            arrays = shards.open_shards(paths, data_cfg.token_dtype)
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
+        return PackedSequences(arrays, data_cfg.seq_len, tokenizer.bos_id, vocab_size, paths)
+
+    train = packed(train_paths, "data.paths")
+    tokens = int(sum(len(a) for a in train.arrays))
+    if len(train) == 0:
+        raise ConfigError(f"data.paths: {what} hold(s) {tokens:,} training tokens, fewer than one "
+                          f"sequence of data.seq_len + 1 = {data_cfg.seq_len + 1}; give more data "
+                          "or a smaller data.seq_len")
     val = None
     if val_paths:
-        val = PackedSequences(shards.open_shards(val_paths, data_cfg.token_dtype),
-                              data_cfg.seq_len, tokenizer.bos_id)
+        val = packed(val_paths, "data.val_paths")
         if len(val) == 0:
             val = None
-    tokens = int(sum(len(a) for a in train.arrays))
+    skipped = f"; skipped {len(binary)} binary file(s), e.g. {binary[0]}" if binary else ""
     return Splits(train, val, f"{what}: {tokens:,} training tokens ({tokenizer.name}), "
-                              f"{0 if val is None else len(val):,} validation sequences")
+                              f"{0 if val is None else len(val):,} validation sequences{skipped}")
 
 
 def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | None:

@@ -9,11 +9,11 @@ same stochastic-rounding bits, same schedule).
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 import signal
 import threading
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,19 +21,23 @@ import numpy as np
 from flax import nnx
 
 from lp_jax.training import data as data_lib
+from lp_jax.training import init_weights
 from lp_jax.training import metrics as metrics_lib
-from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import changed_keys, dump_yaml, to_dict, with_defaults
+from lp_jax.training.checkpoint import (DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError,
+                                       abstract_like)
+from lp_jax.training.config_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-from lp_jax.training.state import (abstract_state, init_state, make_mesh, place_batch,
-                                   split_model, state_shardings)
-from lp_jax.training.step import StepSpec, eval_step, train_step
-from lp_jax.training.validate import Plan
+from lp_jax.training.mesh import make_mesh
+from lp_jax.training.partitioning import state_shardings
+from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
+from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
+from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
 
 
 class NonFiniteLossError(RuntimeError):
-    """optimizer.on_nonfinite=stop and a step's loss or gradient norm was not finite."""
+    """A step's loss or gradient norm was not finite and optimizer.on_nonfinite=stop, or
+    optimizer.max_nonfinite_in_a_row such steps came in a row."""
 
 
 @dataclasses.dataclass
@@ -81,26 +85,71 @@ class _StopSignal:
             signal.signal(sig, handler)
 
 
-def run(plan: Plan) -> RunResult:
-    from models import llama
+class _Console:
+    """Messages of process 0: printed until the progress bar starts, then written through
+    it so that they do not break the bar; the other processes say nothing."""
 
-    import lp_jax
+    def __init__(self, primary: bool):
+        self.primary = primary
+        self._progress = None
+
+    def attach(self, progress: metrics_lib.Progress) -> None:
+        self._progress = progress
+
+    def __call__(self, message: str) -> None:
+        if not self.primary:
+            return
+        if self._progress is None:
+            print(message)
+        else:
+            self._progress.write(message)
+
+
+@dataclasses.dataclass
+class _Run:
+    """What a run holds from one step to the next (``build`` makes it)."""
+
+    plan: Plan
+    say: _Console
+    mesh: Any
+    spec: StepSpec
+    step_fn: Any  # the jitted train step, built once for this state's structure
+    train_it: Any
+    val_data: list | None
+    ckpt: Checkpointer
+    phase: Phase
+    graphdef: Any
+    state: dict
+    start: int
+    writer: Any
+    progress: metrics_lib.Progress
+    device: Any  # this process's first device (memory stats, platform, peak table)
+    saved_step: int
+    nonfinite_in_a_row: int = 0
+
+    def close(self, failing: bool) -> None:
+        self.progress.close()
+        self.writer.close()
+        try:
+            self.ckpt.close()  # waits for an asynchronous save in flight
+        except CheckpointWriteError:
+            if not failing:  # the error that is already on its way says more
+                raise
+
+
+def build(plan: Plan) -> _Run:
+    """Everything before step 1: data (checked first, so a bad file leaves no run folder
+    behind), the run folder, the checkpointer, the state (restored or fresh), the step."""
+    from models import llama
 
     cfg = plan.config
     primary = is_primary()  # process 0 writes the run folder's files and prints
-    run_dir = pathlib.Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if primary:
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    say = _Console(primary)
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
     spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
     tx = make_optimizer(spec.optimizer)
-    say = print if primary else (lambda *_: None)
     global_batch = cfg.data.global_batch_size
 
-    ckpt = Checkpointer(cfg.checkpoint.dir or run_dir / "checkpoints", cfg.checkpoint.keep,
-                        cfg.checkpoint.async_save)
-    start = (ckpt.latest_step() if cfg.checkpoint.resume else None) or 0
     splits = data_lib.open_splits(cfg.data, plan.tokenizer, plan.model_config.vocab_size,
                                   cfg.seed, progress=cfg.logging.progress_bar)
     rows = data_lib.host_rows(mesh, global_batch, plan.accum_steps)  # None: this process reads all rows
@@ -111,121 +160,212 @@ def run(plan: Plan) -> RunResult:
         val_data = data_lib.validation_batches(splits.val, global_batch,
                                                cfg.logging.val_batches, rows=rows)
 
+    run_dir = pathlib.Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
+
     def build_model():
         return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
 
-    def with_recipe(model, phase):
-        report = lp_jax.apply_recipe(model, phase.recipe)
-        say(str(report).splitlines()[0])
-        if phase.recipe.quantized and not report.quantized:
-            say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
-        return split_model(model)[0]
-
-    phase = plan.phase_at(start + 1)
+    # The state tree does not depend on the recipe, so the restore target is built before
+    # the resumed step (and so its recipe) is known.
     abstract_model = nnx.eval_shape(build_model)
-    graphdef = with_recipe(abstract_model, phase)
     target = abstract_state(split_model(abstract_model), tx, cfg.seed)
     shardings = state_shardings(target, mesh)
-    if start:
-        state, meta = ckpt.restore(start, abstract_like(target, shardings), train_it)
-        say(f"resumed from step {start} ({ckpt.directory})")
-        changed = changed_keys(with_defaults(meta.get("config", {})), to_dict(cfg))
-        if changed:
-            say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
-                "the run will not match an uninterrupted one")
-    else:
+    try:
+        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
+                        if cfg.checkpoint.resume else (0, None))
+    except BaseException:
+        ckpt.close()
+        raise
+    if primary:
+        # Once the resume is settled: a run refused for another model leaves the config.yaml
+        # that describes the checkpoints beside it (eval.py builds the model from it).
+        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    if state is None:
         state = init_state(build_model, tx, cfg.seed, shardings)
+        state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
+    phase = plan.phase_at(start + 1)
+    graphdef = _with_recipe(abstract_model, phase, say)
     say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
         f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
         f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
         f"{jax.process_count()} process(es)")
+    if start >= cfg.end_step:
+        say(f"nothing to train: the checkpoint is at step {start}, the run ends at {cfg.end_step}")
 
-    end = cfg.end_step
-    if start >= end:
-        say(f"nothing to train: the checkpoint is at step {start}, the run ends at {end}")
-    device = jax.local_devices()[0]  # this process's (for memory stats and the platform)
-    tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
-    flops_per_step = metrics_lib.flops_per_token(plan.model_config, cfg.data.seq_len) * tokens_per_step
     writer = (metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard) if primary
               else _NoMetrics())
     progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar and primary)
-    if primary:
-        say = progress.write
-    nan = set(cfg.debug.inject_nan_at_steps)
-    result = RunResult(start, None, None, int(state["nonfinite_steps"]), False, str(run_dir))
-    saved_step = start
+    say.attach(progress)
+    return _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
+                phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
+                saved_step=start)
 
-    def save(step):
-        nonlocal saved_step
-        to_save = state
-        if device.platform == "cpu":
-            # CPU arrays may be shared zero-copy with the writer thread; the next step
-            # donates them, so hand the asynchronous save its own copy.
-            to_save = jax.tree.map(jnp.copy, state)
-        ckpt.save(step, to_save, train_it, {"config": to_dict(cfg), "recipe": plan.phase_at(step).name,
-                                            "jax": jax.__version__})
-        saved_step = step
 
+def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
+    """(step, state) of the newest checkpoint that restores, or (0, None) when there is
+    none yet; a folder whose checkpoints all fail, or that holds another model, is a
+    ConfigError (one line naming it), never a fresh start over the user's checkpoints."""
+    cfg = plan.config
+
+    def same_model(step, meta):
+        changes = model_shape_changes(meta.get("config", {}), plan)
+        if changes:
+            raise ConfigError(
+                f"checkpoint {step} in {ckpt.directory!r} is of another model: "
+                f"{', '.join(changes)}; model keys cannot change on resume (precision, mesh "
+                "and schedule can): use another run_dir for this model")
+
+    found = ckpt.restore_newest(target, train_it, check=same_model)
+    for step, why in found.skipped:
+        say(f"warning: checkpoint {step} in {ckpt.directory} cannot be restored ({why})"
+            + (f"; set aside as {step}{DAMAGED_SUFFIX}" if found.step is not None else ""))
+    if found.step is None:
+        if found.skipped:
+            raise ConfigError(f"checkpoint.dir: no checkpoint in {ckpt.directory!r} can be "
+                              f"restored (steps {', '.join(str(s) for s, _ in found.skipped)}); "
+                              "move the folder aside to start afresh")
+        return 0, None
+    say(f"resumed from step {found.step} ({ckpt.directory})")
+    changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
+    if changed:
+        say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
+            "the run will not match an uninterrupted one")
+    return found.step, found.state
+
+
+def _with_recipe(model, phase: Phase, say) -> Any:
+    """Applies the phase's recipe to the model in place and returns its graphdef."""
+    import lp_jax
+
+    report = lp_jax.apply_recipe(model, phase.recipe)
+    say(str(report).splitlines()[0])
+    if phase.recipe.quantized and not report.quantized:
+        say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
+    return split_model(model)[0]
+
+
+def run(plan: Plan) -> RunResult:
+    r = build(plan)
+    cfg = plan.config
+    end = cfg.end_step
+    result = RunResult(r.start, None, None, int(r.state["nonfinite_steps"]), False,
+                       str(pathlib.Path(cfg.run_dir)))
+    failing = True
     try:
         with _StopSignal() as stop:
-            for step in range(start + 1, end + 1):
-                if plan.phase_at(step) is not phase:
-                    phase = plan.phase_at(step)
-                    model = nnx.merge(graphdef, state["params"], state["rest"])
-                    graphdef = with_recipe(model, phase)
-                    say(f"step {step}: precision -> {phase.name}")
-                batch = place_batch(next(train_it), plan.accum_steps, mesh, global_batch)
-                poison = jnp.float32(math.nan if step in nan else 1.0)
-                t0 = time.perf_counter()
-                state, m = train_step(graphdef, spec, state, batch, poison)
-                m = jax.device_get(m)
-                seconds = time.perf_counter() - t0
-                loss = float(m["loss"])
-                if not m["finite"]:
-                    say(f"step {step}: non-finite loss {loss} or gradient norm "
-                        f"{float(m['grad_norm'])}; update skipped")
-                    if cfg.optimizer.on_nonfinite == "stop":
-                        raise NonFiniteLossError(
-                            f"step {step}: loss {loss}, gradient norm {float(m['grad_norm'])} "
-                            f"(optimizer.on_nonfinite=stop); the last checkpoint (step "
-                            f"{saved_step}) is untouched")
-                tflops = flops_per_step / seconds / jax.device_count() / 1e12
-                peak = metrics_lib.peak_tflops(device.device_kind, phase.recipe.name)
-                values = {"loss": loss, "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
-                          "tokens_per_sec": tokens_per_step / seconds,
-                          "tflops_per_device": tflops, "step_time_s": seconds,
-                          "nonfinite_steps": int(state["nonfinite_steps"])}
-                if peak:
-                    values["mfu"] = tflops / peak
-                memory = metrics_lib.peak_memory_gib(device)
-                if memory is not None:
-                    values["peak_memory_gib"] = memory
-                at_end = step == cfg.steps
-                if val_data is not None and (at_end or (cfg.logging.val_every and
-                                                        step % cfg.logging.val_every == 0)):
-                    values["val_loss"] = result.val_loss = _validate(graphdef, spec, state, val_data,
-                                                                     mesh, global_batch)
-                if step % cfg.logging.every == 0 or "val_loss" in values or at_end:
-                    writer.write(step, values)
-                progress.update(values)
-                result.step, result.loss = step, loss
+            for step in range(r.start + 1, end + 1):
+                values = _train_one_step(r, step)
+                if r.val_data is not None and _validation_due(cfg, step):
+                    values["val_loss"] = result.val_loss = _validate(r)
+                _record(r, step, values)
+                result.step, result.loss = step, values["loss"]
                 result.nonfinite_steps = values["nonfinite_steps"]
                 stop.agree()  # a signal to any process stops all of them after the same step
                 if stop.received or step == end or step % cfg.checkpoint.every == 0:
-                    save(step)
+                    _save(r, step)
                 if stop.received:
-                    say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
-                        "re-run the same command to resume")
+                    r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
+                          "re-run the same command to resume")
                     break
         result.stopped_early = result.step < cfg.steps
-        if result.stopped_early and not stop.received and start < end:
-            say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
+        if result.stopped_early and not stop.received and r.start < end:
+            r.say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
+        failing = False
     finally:
-        progress.close()
-        writer.close()
-        ckpt.close()
+        r.close(failing)
     return result
+
+
+def _train_one_step(r: _Run, step: int) -> dict:
+    """Trains ``step`` and returns its metrics; NonFiniteLossError when the non-finite
+    guard says stop."""
+    cfg = r.plan.config
+    if r.plan.phase_at(step) is not r.phase:
+        r.phase = r.plan.phase_at(step)
+        model = nnx.merge(r.graphdef, r.state["params"], r.state["rest"])
+        r.graphdef = _with_recipe(model, r.phase, r.say)
+        r.say(f"step {step}: precision -> {r.phase.name}")
+    host = next(r.train_it)
+    if step in cfg.debug.inject_nan_at_steps:
+        host = _out_of_vocabulary(host, r.plan.model_config.vocab_size)
+    batch = place_batch(host, r.plan.accum_steps, r.mesh, cfg.data.global_batch_size)
+    t0 = time.perf_counter()
+    r.state, m = r.step_fn(r.graphdef, r.spec, r.state, batch)
+    m = jax.device_get(m)
+    seconds = time.perf_counter() - t0
+    _guard_nonfinite(r, step, m)
+    tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
+    flops = metrics_lib.flops_per_token(r.plan.model_config, cfg.data.seq_len) * tokens_per_step
+    tflops = flops / seconds / jax.device_count() / 1e12
+    values = {"loss": float(m["loss"]), "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
+              "tokens_per_sec": tokens_per_step / seconds, "tflops_per_device": tflops,
+              "step_time_s": seconds, "nonfinite_steps": int(r.state["nonfinite_steps"])}
+    peak = metrics_lib.peak_tflops(r.device.device_kind, r.phase.recipe.name)
+    if peak:
+        values["mfu"] = tflops / peak
+    memory = metrics_lib.peak_memory_gib(r.device)
+    if memory is not None:
+        values["peak_memory_gib"] = memory
+    return values
+
+
+def _out_of_vocabulary(batch: dict, vocab_size: int) -> dict:
+    """debug.inject_nan_at_steps: inputs that are an id with no embedding row, as a shard
+    from another tokenizer would feed them. The lookup fills such rows with NaN
+    (jnp.take), so loss and gradients are NaN and the guard is tried end to end on the
+    production step, with no test-only argument in it."""
+    return dict(batch, tokens=np.full_like(batch["tokens"], vocab_size))
+
+
+def _guard_nonfinite(r: _Run, step: int, m: dict) -> None:
+    if m["finite"]:
+        r.nonfinite_in_a_row = 0
+        return
+    r.nonfinite_in_a_row += 1
+    loss, norm = float(m["loss"]), float(m["grad_norm"])
+    r.say(f"step {step}: non-finite loss {loss} or gradient norm {norm}; update skipped")
+    untouched = (f"the last checkpoint (step {r.saved_step}) is untouched" if r.saved_step
+                 else "no checkpoint was written")
+    o = r.plan.config.optimizer
+    if o.on_nonfinite == "stop":
+        raise NonFiniteLossError(f"step {step}: loss {loss}, gradient norm {norm} "
+                                 f"(optimizer.on_nonfinite=stop); {untouched}")
+    n = r.nonfinite_in_a_row
+    if o.max_nonfinite_in_a_row and n >= o.max_nonfinite_in_a_row:
+        raise NonFiniteLossError(
+            f"steps {step - n + 1}-{step}: {n} non-finite steps in a row "
+            f"(optimizer.max_nonfinite_in_a_row={o.max_nonfinite_in_a_row}), so nothing is "
+            f"being learned: the data or the weights are broken; {untouched}")
+
+
+def _validation_due(cfg, step: int) -> bool:
+    every = cfg.logging.val_every
+    return step == cfg.steps or bool(every and step % every == 0)
+
+
+def _record(r: _Run, step: int, values: dict) -> None:
+    cfg = r.plan.config
+    if step % cfg.logging.every == 0 or "val_loss" in values or step == cfg.steps:
+        r.writer.write(step, values)
+    r.progress.update(values)
+
+
+def _save(r: _Run, step: int) -> None:
+    from models import llama  # deferred as in build()
+
+    to_save = r.state
+    if r.device.platform == "cpu":
+        # CPU arrays may be shared zero-copy with the writer thread; the next step
+        # donates them, so hand the asynchronous save its own copy.
+        to_save = jax.tree.map(jnp.copy, r.state)
+    r.ckpt.save(step, to_save, r.train_it, {"config": to_dict(r.plan.config),
+                                            "recipe": r.plan.phase_at(step).name,
+                                            "model": llama.config_to_dict(r.plan.model_config),
+                                            "jax": jax.__version__})
+    r.saved_step = step
 
 
 class _NoMetrics:
@@ -238,10 +378,10 @@ class _NoMetrics:
         pass
 
 
-def _validate(graphdef, spec, state, batches, mesh, global_batch) -> float:
+def _validate(r: _Run) -> float:
     nll = count = 0.0
-    for batch in batches:
-        placed = place_batch(batch, spec.accum_steps, mesh, global_batch)
-        b_nll, b_count = eval_step(graphdef, spec, state, placed)
+    for batch in r.val_data:
+        placed = place_batch(batch, r.spec.accum_steps, r.mesh, r.plan.config.data.global_batch_size)
+        b_nll, b_count = eval_step(r.graphdef, r.spec, r.state, placed)
         nll, count = nll + float(b_nll), count + float(b_count)
     return nll / max(count, 1.0)

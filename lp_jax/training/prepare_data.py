@@ -39,15 +39,33 @@ def stdlib_files() -> tuple[list[str], str]:
     return files, root
 
 
-def text_files(globs: Sequence[str]) -> tuple[list[str], str]:
-    """Files matching the globs (the stdlib when there are none) and their common root."""
+def text_files(globs: Sequence[str]) -> tuple[list[str], str, list[str]]:
+    """Text files matching the globs (the stdlib when there are none), their common root,
+    and the matching files left out because they are binary (their bytes would decode to
+    replacement characters and be trained on)."""
     if not globs:
-        return stdlib_files()
-    files = shards.expand_globs(globs)
-    if not files:
+        return (*stdlib_files(), [])
+    found = shards.expand_globs(globs)
+    if not found:
         raise ValueError(f"no file matches {', '.join(map(repr, globs))}")
+    is_text = {f: not is_binary(f) for f in found}
+    files = [f for f in found if is_text[f]]
+    binary = [f for f in found if not is_text[f]]
+    if not files:
+        raise ValueError(f"the {len(found)} file(s) matching {', '.join(map(repr, globs))} "
+                         f"are all binary, none is text (e.g. {binary[0]!r})")
     root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
-    return files, root
+    return files, root, binary
+
+
+def is_binary(path: str) -> bool:
+    """A NUL byte in the first 8 KiB, git's test: text in any 8-bit encoding (the stdlib's
+    deliberately Latin-1 test files) has none; images, archives, arrays have plenty."""
+    try:
+        with open(path, "rb") as f:
+            return b"\0" in f.read(8192)
+    except OSError as e:
+        raise ValueError(f"{path!r} cannot be read: {e.strerror or e}") from None
 
 
 def split_by_file(files: Sequence[str], root: str, val_fraction: float) -> tuple[list[str], list[str]]:
@@ -105,16 +123,18 @@ def prepare(train_files: Sequence[str], val_files: Sequence[str], tokenizer: Tok
 
 def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: float,
                        tokenizer: Tokenizer, cache_dir: str | None,
-                       progress: bool = True) -> tuple[list[str], list[str]]:
-    """Shard paths (train, val) for text files, tokenizing into the cache on first use.
+                       progress: bool = True) -> tuple[list[str], list[str], list[str]]:
+    """Shard paths (train, val) for text files, tokenizing into the cache on first use, and
+    the binary files the globs matched and left out.
 
     The cache key covers the tokenizer, the split and each file's path, size and mtime,
     so an edited file or another tokenizer makes a new entry. Entries are built in a
     temporary folder and renamed into place, so concurrent runs never read half of one.
     """
-    files, root = text_files(globs)
+    files, root, binary = text_files(globs)
     if val_globs:
-        val_files, _ = text_files(val_globs)
+        val_files, _, val_binary = text_files(val_globs)
+        binary = sorted(set(binary) | set(val_binary))
         val_set = set(val_files)
         train_files = [f for f in files if f not in val_set]
     else:
@@ -137,7 +157,7 @@ def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fract
             shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((entry / shards.META).read_text())
     paths = {s: [str(entry / p) for p in meta["splits"][s]["shards"]] for s in ("train", "val")}
-    return paths["train"], paths["val"]
+    return paths["train"], paths["val"], binary
 
 
 def default_cache_dir() -> str:
@@ -181,10 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tokenizer = get_tokenizer(args.tokenizer)
-        files, root = text_files(args.globs)
+        files, root, binary = text_files(args.globs)
         train, val = split_by_file(files, root, args.val_fraction)
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    if binary:
+        print(f"skipped {len(binary)} binary file(s), e.g. {binary[0]}", file=sys.stderr)
     meta = prepare(train, val, tokenizer, args.out, fmt=args.format,
                    shard_tokens=args.shard_tokens, progress=not args.no_progress,
                    extra_meta={"root": root})

@@ -94,13 +94,30 @@ def expand_globs(patterns: Iterable[str]) -> list[str]:
 
 
 def open_shards(paths: Iterable[str], bin_dtype: str) -> list[np.ndarray]:
-    """Read-only memmaps of the shards (the OS pages them in as sequences are read)."""
-    arrays = []
-    for path in paths:
+    """Read-only memmaps of the shards (the OS pages them in as sequences are read).
+
+    ValueError, naming the file, for a shard that is not a flat array of integer ids: a
+    truncated or garbled file, float values (which would otherwise be cast to ids and
+    trained on), more than one dimension."""
+    return [_open_shard(path, bin_dtype) for path in paths]
+
+
+def _open_shard(path: str, bin_dtype: str) -> np.ndarray:
+    if not path.endswith(SHARD_SUFFIXES):
+        raise ValueError(f"token shard {path!r} is neither .npy nor .bin")
+    try:
         if path.endswith(".npy"):
-            arrays.append(np.load(path, mmap_mode="r"))
-        elif path.endswith(".bin"):
-            arrays.append(np.memmap(path, dtype=np.dtype(bin_dtype), mode="r"))
+            array = np.load(path, mmap_mode="r")
         else:
-            raise ValueError(f"token shard {path!r} is neither .npy nor .bin")
-    return arrays
+            array = np.memmap(path, dtype=np.dtype(bin_dtype), mode="r")
+    except (ValueError, EOFError, OSError) as e:
+        what = "a .npy file" if path.endswith(".npy") else f"{bin_dtype} tokens"
+        raise ValueError(f"token shard {path!r} is not readable as {what} (truncated or "
+                         f"damaged?): {' '.join(str(e).split()) or type(e).__name__}") from None
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"token shard {path!r} holds {array.dtype} values, not integer token "
+                         "ids (python -m lp_jax.training.prepare_data writes token shards)")
+    if array.ndim != 1:
+        raise ValueError(f"token shard {path!r} has shape {array.shape}; a shard is one flat "
+                         "array of token ids")
+    return array

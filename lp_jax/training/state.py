@@ -23,10 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-# The mesh and the sharding rules live in mesh.py and partitioning.py; re-exported here
-# because the loop, the tests and older callers import them from the state module.
-from lp_jax.training.mesh import BATCH_AXES, MESH_AXES, make_mesh  # noqa: E402,F401
-from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402,F401
+from lp_jax.training.partitioning import batch_sharding
 
 
 def split_model(model: nnx.Module):

@@ -80,8 +80,7 @@ def _shardings(spec: StepSpec, treedef, shapes):
 def _jitted_train_step(spec: StepSpec, treedef, shapes):
     state_sh, batch_sh, replicated = _shardings(spec, treedef, shapes)
     return jax.jit(_train_step, static_argnums=(0, 1), donate_argnums=(2,),
-                   in_shardings=(state_sh, batch_sh, replicated),
-                   out_shardings=(state_sh, replicated))
+                   in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated))
 
 
 @functools.lru_cache(maxsize=64)
@@ -93,14 +92,15 @@ def _jitted_eval_step(spec: StepSpec, treedef, shapes):
 
 def jitted_train_step(spec: StepSpec, state):
     """The jax.jit of the train step for this spec and state structure (state may be
-    ShapeDtypeStructs: ``.lower(graphdef, spec, state, batch, poison)`` compiles it
-    abstractly, as bench/bench_sharding.py does)."""
+    ShapeDtypeStructs: ``.lower(graphdef, spec, state, batch)`` compiles it abstractly,
+    as bench/bench_sharding.py does). The loop builds it once per run and calls it as
+    ``step(graphdef, spec, state, batch)``."""
     return _jitted_train_step(*_shardings_key(spec, state))
 
 
-def train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison):
+def train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     """One optimizer step (see _train_step); the state is donated."""
-    return jitted_train_step(spec, state)(graphdef, spec, state, batch, poison)
+    return jitted_train_step(spec, state)(graphdef, spec, state, batch)
 
 
 def eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
@@ -108,12 +108,11 @@ def eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     return _jitted_eval_step(*_shardings_key(spec, state))(graphdef, spec, state, batch)
 
 
-def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison: jax.Array):
+def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     """One optimizer step over a global batch of [accum, micro, L] arrays.
 
-    ``poison`` multiplies loss and gradients (1.0; NaN to test the guard). A step whose
-    loss or gradient norm is not finite leaves params and optimizer state unchanged
-    (skipped, counted); the caller decides whether to go on.
+    A step whose loss or gradient norm is not finite leaves params and optimizer state
+    unchanged (skipped, counted); the caller decides whether to go on.
     """
     tx = make_optimizer(spec.optimizer)
     params, rest = state["params"], state["rest"]
@@ -137,8 +136,8 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict, poison: jax.
         accumulate, init, (batch, jnp.arange(spec.accum_steps)))
     # Token mean over the whole global batch, however it was split into micro-batches.
     count = jnp.maximum(count, 1.0)
-    loss = nll_sum / count * poison
-    grads = jax.tree.map(lambda g: g / count * poison, grad_sum)
+    loss = nll_sum / count
+    grads = jax.tree.map(lambda g: g / count, grad_sum)
     grad_norm = global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 

@@ -66,11 +66,18 @@ class HFTokenizer:
         from tokenizers import Tokenizer as _HF  # the `data` extra; imported only when used
 
         path = pathlib.Path(path)
+        if path.is_dir():
+            raise ValueError(f"tokenizer file {str(path)!r} is a folder; name the "
+                             f"tokenizer.json in it (hf:{path / 'tokenizer.json'})")
         if not path.is_file():
             raise ValueError(f"tokenizer file {str(path)!r} does not exist")
         self.name = name or f"hf:{path}"
         self.path = path
-        self._tok = _HF.from_file(str(path))
+        try:
+            self._tok = _HF.from_file(str(path))
+        except Exception as e:  # the Rust side raises a bare Exception for any bad file
+            raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: "
+                             f"{_first_line(e)}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         bos, eos = _special_tokens(path)
         self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS")
@@ -127,9 +134,18 @@ def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
     config = path.with_name("tokenizer_config.json")
     if not config.is_file():
         return None, None
-    data = json.loads(config.read_text())
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{str(config)!r} is not a readable JSON file: {_first_line(e)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(config)!r} must hold a JSON object")
 
     def text(v):
         return v.get("content") if isinstance(v, dict) else v
 
     return text(data.get("bos_token")), text(data.get("eos_token"))
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

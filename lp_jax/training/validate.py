@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from lp_jax.training.config import PrecisionConfig, TrainConfig
-from lp_jax.training.config_io import ConfigError
+from lp_jax.training.config_io import ConfigError, from_dict
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
@@ -70,9 +70,32 @@ def resolve(config: TrainConfig) -> Plan:
                              {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
                              config.data.micro_batch_size, config.data.seq_len)
     _check_data(config)
-    _check_checkpoint_dir(config)
+    _check_run_folders(config)
     return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
                 config.data.global_batch_size // per_pass, tensor)
+
+
+# LlamaConfig fields that fix the parameters' shapes, and so a checkpoint's; the others
+# (remat, scan, attention kernel, compute dtype, RoPE base, ...) may change on resume.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_embeddings")
+
+
+def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
+    """``model.<field> (checkpoint A, now B)`` for each field of SHAPE_FIELDS in which the
+    model of a saved config (a checkpoint's) differs from the plan's, both resolved the
+    same way, so that a preset's value and the same value written out compare equal.
+    [] when the saved config no longer resolves (a removed key or preset): the restore
+    then decides."""
+    try:
+        config = from_dict(TrainConfig, saved)
+        same_tokens = (config.data.source, config.data.tokenizer) == (
+            plan.config.data.source, plan.config.data.tokenizer)
+        saved_model = _model_config(config, plan.tokenizer if same_tokens else _tokenizer(config))
+    except (ConfigError, TypeError, ValueError):
+        return []
+    return [f"model.{f} (checkpoint {getattr(saved_model, f)}, now {getattr(plan.model_config, f)})"
+            for f in SHAPE_FIELDS if getattr(saved_model, f) != getattr(plan.model_config, f)]
 
 
 def _fail_unless(ok: bool, key: str, value: Any, allowed: str) -> None:
@@ -103,6 +126,8 @@ def _check_scalars(c: TrainConfig) -> None:
     _fail_unless(o.clip_grad_norm >= 0, "optimizer.clip_grad_norm", o.clip_grad_norm, "must be >= 0 (0 disables)")
     _fail_unless(o.on_nonfinite in ON_NONFINITE, "optimizer.on_nonfinite", o.on_nonfinite,
                  f"choose one of {', '.join(ON_NONFINITE)}")
+    _fail_unless(o.max_nonfinite_in_a_row >= 0, "optimizer.max_nonfinite_in_a_row",
+                 o.max_nonfinite_in_a_row, "must be >= 0 (0: no limit)")
     s = c.schedule
     _fail_unless(s.decay in DECAYS, "schedule.decay", s.decay, f"choose one of {', '.join(DECAYS)}")
     for key in ("peak_lr", "min_lr", "init_lr"):
@@ -136,7 +161,25 @@ def _tokenizer(c: TrainConfig):
         raise ConfigError(f"data.tokenizer: {e}") from None
 
 
+def model_config(c: TrainConfig):
+    """The LlamaConfig a run of ``c`` builds, checked as ``resolve`` checks it (without the
+    devices or the data): for reading a saved run's model back."""
+    return _model_config(c, _tokenizer(c))
+
+
 def _model_config(c: TrainConfig, tokenizer):
+    if c.init.hf or c.init.checkpoint:
+        from lp_jax.training import init_weights
+
+        cfg = init_weights.model_config(c, tokenizer)  # the architecture of those weights
+    else:
+        cfg = _preset_model_config(c, tokenizer)
+    _fail_unless(cfg.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
+                 f"must be <= model.max_seq_len={cfg.max_seq_len}")
+    return cfg
+
+
+def _preset_model_config(c: TrainConfig, tokenizer):
     import jax.numpy as jnp
 
     from models import llama
@@ -154,8 +197,6 @@ def _model_config(c: TrainConfig, tokenizer):
         model_config = llama.preset(c.model.preset, **overrides)
     except (ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"model: {_one_line(e)}") from None
-    _fail_unless(model_config.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
-                 f"must be <= model.max_seq_len={model_config.max_seq_len}")
     return model_config
 
 
@@ -211,14 +252,16 @@ def _mesh(c: TrainConfig) -> tuple[int, int, int]:
 
 def _check_data(c: TrainConfig) -> None:
     from lp_jax.training import shards
-    from lp_jax.training.prepare_data import text_files
+    from lp_jax.training.prepare_data import split_by_file, text_files
 
     d = c.data
     if d.source == "text":
         for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
             if globs:
                 try:
-                    text_files(globs)
+                    files, root, _ = text_files(globs)
+                    if key == "data.paths" and not d.val_paths:
+                        split_by_file(files, root, d.val_fraction)  # one file cannot be split
                 except ValueError as e:
                     raise ConfigError(f"{key}: {e}") from None
     elif d.source == "tokens":
@@ -240,12 +283,24 @@ def _check_data(c: TrainConfig) -> None:
                                       f"is {d.tokenizer!r}")
 
 
-def _check_checkpoint_dir(c: TrainConfig) -> None:
-    directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+def _check_run_folders(c: TrainConfig) -> None:
+    """The run folder and the checkpoint folder take files (a probe write, before hours of
+    training end in a save that cannot happen), and a fresh run finds no checkpoints."""
+    from lp_jax.training.folders import write_problem
+
+    directory = checkpoint_dir(c)
+    for key, folder in (("run_dir", c.run_dir), ("checkpoint.dir", directory)):
+        problem = write_problem(folder)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
     if not c.checkpoint.resume and os.path.isdir(directory) and any(
             name.isdigit() for name in os.listdir(directory)):
         raise ConfigError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
                           "choose another run_dir or remove them")
+
+
+def checkpoint_dir(c: TrainConfig) -> str:
+    return c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
 
 
 def _one_line(e: BaseException) -> str:

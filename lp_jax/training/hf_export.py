@@ -1,0 +1,40 @@
+"""A training run's checkpoint -> a Hugging Face Llama folder (`python -m models.hf export
+RUN_DIR HF_DIR [--step N] [--dtype bfloat16]`).
+
+The folder holds what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer` read:
+config.json (with the tokenizer's BOS/EOS ids), the safetensors weights and the run's
+tokenizer files (hf_tokenizer_files.py). The weights are the checkpoint's FP32 masters,
+cast to `dtype` if asked; the optimizer state is never read. A precision recipe quantizes
+GEMM operands on the fly and never the stored weights, so a run trained in FP8, MXFP8 or
+NVFP4 exports exactly as its FP32 masters do.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from lp_jax.training.saved_run import RunFolderError, SavedRun, open_run, restore_model
+
+
+def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
+               max_shard_size="5GB", say: Callable[[str], Any] = print) -> SavedRun:
+    """Writes the run's checkpoint at `step` (default: the latest) to `hf_dir`."""
+    from lp_jax.training.hf_tokenizer_files import write_tokenizer_files
+    from models.hf import save_hf
+
+    saved = open_run(source, step)
+    data = saved.config.data
+    model = restore_model(saved)
+    token_ids = {}
+    if data.source != "mock":  # mock tokens have no tokenizer to ship
+        try:
+            token_ids = write_tokenizer_files(data.tokenizer, hf_dir, saved.model_config.max_seq_len)
+        except (ValueError, ImportError, OSError) as e:
+            raise RunFolderError(f"{source}: cannot write the run's tokenizer "
+                                 f"{data.tokenizer!r}: {' '.join(str(e).split())}") from None
+    save_hf(model, hf_dir, dtype=dtype, max_shard_size=max_shard_size, extra_config=token_ids)
+    dt = "float32" if dtype is None else str(dtype)
+    tokenizer = "no tokenizer (mock data)" if data.source == "mock" else f"tokenizer {data.tokenizer!r}"
+    say(f"exported {source} step {saved.step} -> {hf_dir}: FP32 master weights as {dt}, "
+        f"{tokenizer}; the run trained in {saved.recipe}, which quantizes GEMM inputs on "
+        "the fly, never the stored weights, so the export does not depend on it")
+    return saved

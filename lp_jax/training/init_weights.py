@@ -1,0 +1,200 @@
+"""A new run that starts from existing weights: `init.hf=HF_DIR` (a Hugging Face Llama folder)
+or `init.checkpoint=RUN_DIR[@STEP]` (another run's FP32 masters).
+
+Only the weights are taken: the optimizer moments, the step counters and the learning-rate
+schedule start fresh, and the data order is the new run's own. The architecture is the
+weights' (config.json, or the model the source checkpoint records); `model.*` keys that are
+set override it where the weights allow (RoPE, norm epsilon, context length, remat, ...),
+and a key that would change a weight's shape or the vocabulary is refused. Everything is
+checked by `model_config` while the config is validated, so a bad source stops train.py
+with one line before anything is compiled; `load` runs once, when the loop builds a fresh
+run (a resumed run restores its own checkpoints and never reads the source again).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from lp_jax.training.config import TrainConfig
+from lp_jax.training.config_io import ConfigError
+
+# LlamaConfig fields that fix a weight's shape or meaning: the weights decide them.
+WEIGHT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim", "tie_embeddings")
+# Encoded by both tokenizers to tell whether they are the same vocabulary: ASCII code,
+# whitespace runs, accented, CJK and emoji text, so byte-level and BPE tokenizers differ.
+PROBE = "def main(argv):\n    return 0  # Größe, naïve café; 日本語のテキスト 🙂 \t\r\n  end."
+
+
+def requested(c: TrainConfig) -> bool:
+    return bool(c.init.hf or c.init.checkpoint)
+
+
+def _source_key(c: TrainConfig) -> str:
+    return f"init.hf={c.init.hf}" if c.init.hf else f"init.checkpoint={c.init.checkpoint}"
+
+
+def model_config(c: TrainConfig, tokenizer):
+    """The LlamaConfig of the run: the source's architecture, the set model keys applied,
+    checked against the weights and the run's tokenizer (ConfigError, one line)."""
+    if c.init.hf and c.init.checkpoint:
+        raise ConfigError("init.hf and init.checkpoint are both set; choose one source of weights")
+    resumed = _own_checkpoint(c)
+    if resumed is not None:  # the source was read when the run started and may be gone since
+        return _with_overrides(resumed.model_config, c, f"the run's checkpoint {resumed.step}")
+    key = _source_key(c)
+    if c.init.hf:
+        source, source_tokenizer = _hf_source(c.init.hf, key)
+    else:
+        source, source_tokenizer = _run_source(c.init.checkpoint, key)
+    cfg = _with_overrides(source, c, key)
+    if tokenizer is not None:
+        _check_vocabulary(cfg, tokenizer, source_tokenizer, key)
+    if c.init.hf:
+        from models.hf import HFError, check_tensors
+
+        try:
+            check_tensors(c.init.hf, cfg)
+        except HFError as e:
+            raise ConfigError(f"{key}: {e}") from None
+    return cfg
+
+
+def _own_checkpoint(c: TrainConfig):
+    """The run's latest checkpoint when the loop will resume from it, else None."""
+    from lp_jax.training.saved_run import RunFolderError, open_run
+
+    directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+    if not c.checkpoint.resume or not os.path.isdir(directory) or not any(
+            name.isdigit() for name in os.listdir(directory)):
+        return None
+    try:
+        return open_run(directory)
+    except RunFolderError as e:
+        raise ConfigError(f"resuming {c.run_dir}: {e}") from None
+
+
+def _hf_source(path: str, key: str):
+    import jax.numpy as jnp
+
+    from models.hf import HFError, read_hf_config
+    from models.hf_config import config_from_hf
+
+    if not os.path.isdir(path):
+        raise ConfigError(f"{key}: no such folder")
+    try:
+        cfg = config_from_hf(read_hf_config(path), dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    except HFError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    tokenizer_file = os.path.join(path, "tokenizer.json")
+    return cfg, (f"hf:{tokenizer_file}" if os.path.isfile(tokenizer_file) else None)
+
+
+def _run_source(spec: str, key: str):
+    from lp_jax.training.saved_run import RunFolderError, open_run, split_step
+
+    try:
+        saved = open_run(*split_step(spec))
+    except RunFolderError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    source_tokenizer = None if saved.config.data.source == "mock" else saved.config.data.tokenizer
+    return saved.model_config, source_tokenizer
+
+
+def _with_overrides(source, c: TrainConfig, key: str):
+    import jax.numpy as jnp
+
+    overrides = c.model.overrides()
+    for name in WEIGHT_FIELDS:
+        if name in overrides and overrides[name] != getattr(source, name):
+            raise ConfigError(f"model.{name}={overrides[name]!r} does not fit the weights of {key} "
+                              f"({name} {getattr(source, name)!r}); leave it unset")
+    overrides.update(dtype=jnp.dtype(c.model.dtype), param_dtype=jnp.dtype(c.model.param_dtype))
+    try:
+        return source.replace(**overrides)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model: {' '.join(str(e).split())}") from None
+
+
+def _check_vocabulary(cfg, tokenizer, source_tokenizer: str | None, key: str) -> None:
+    """The run's tokenizer must index the weights' embedding rows as their own did."""
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise ConfigError(f"{key}: the weights have a vocabulary of {cfg.vocab_size} ids, fewer "
+                          f"than the {tokenizer.vocab_size} of data.tokenizer {tokenizer.name!r}")
+    if source_tokenizer is None or source_tokenizer == tokenizer.name:
+        return  # nothing to compare with (no tokenizer.json, mock data), or the same one
+    try:
+        size, ids = _encode_probe(source_tokenizer)
+    except Exception as e:  # noqa: BLE001 (the tokenizers library raises plain Exceptions)
+        raise ConfigError(f"{key}: cannot read the weights' tokenizer {source_tokenizer!r}: "
+                          f"{' '.join(str(e).split())}") from None
+    if (size, ids) != (tokenizer.vocab_size, list(tokenizer.encode(PROBE))):
+        raise ConfigError(f"{key}: the weights were trained with tokenizer {source_tokenizer!r} "
+                          f"({size} ids), which encodes text differently from data.tokenizer "
+                          f"{tokenizer.name!r} ({tokenizer.vocab_size} ids); set "
+                          f"data.tokenizer={source_tokenizer}")
+
+
+def _encode_probe(name: str) -> tuple[int, list[int]]:
+    """(vocabulary size, ids of PROBE) of a data.tokenizer value."""
+    from lp_jax.training.tokenizers import get_tokenizer
+
+    if name.startswith("hf:"):  # read directly: a folder's tokenizer may lack a BOS name
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(name[3:])
+        return tok.get_vocab_size(with_added_tokens=True), tok.encode(
+            PROBE, add_special_tokens=False).ids
+    tok = get_tokenizer(name)
+    return tok.vocab_size, list(tok.encode(PROBE))
+
+
+def load(plan, state: dict, say: Callable[[str], Any] = print) -> dict:
+    """A fresh train state with its parameters replaced by the source's (cast to the masters'
+    dtype, placed with the state's shardings); everything else, the optimizer moments
+    included, stays as freshly initialized. Returns `state` unchanged without a source."""
+    c = plan.config
+    if not requested(c):
+        return state
+    if c.init.hf:
+        from models.hf import read_params
+
+        arrays, where = read_params(c.init.hf, plan.model_config), f"init.hf={c.init.hf}"
+    else:
+        arrays, where = _run_params(c.init.checkpoint)
+    say(f"weights from {where}; optimizer moments and learning-rate schedule start fresh")
+    return {**state, "params": _placed(state["params"], arrays)}
+
+
+def _run_params(spec: str):
+    """The source run's parameters as host arrays (restored through the first device)."""
+    import numpy as np
+    from flax import nnx
+
+    from lp_jax.training.saved_run import open_run, restore_model, split_step
+
+    saved = open_run(*split_step(spec))
+    model = restore_model(saved)
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return ({path: np.asarray(var[...]) for path, var in flat},
+            f"init.checkpoint={spec} (step {saved.step}, trained in {saved.recipe})")
+
+
+def _placed(params, arrays: dict[tuple, Any]):
+    """`params` (an nnx.State of sharded arrays) with every leaf replaced by the host array
+    of the same path, each device receiving only its own slice of it (an FSDP-sharded 8B
+    run never gathers the whole model on one device)."""
+    import jax
+    from flax import nnx
+    from flax.nnx import traversals
+
+    flat = {}
+    for path, var in nnx.to_flat_state(params):
+        old, new = var[...], arrays[path]
+        if tuple(new.shape) != tuple(old.shape):  # validation should have caught it
+            raise ValueError(f"initial weight {'/'.join(map(str, path))} has shape {new.shape}, "
+                             f"the model needs {old.shape}")
+        new = new.astype(old.dtype)
+        flat[path] = jax.make_array_from_callback(old.shape, old.sharding, lambda i, a=new: a[i])
+    nnx.replace_by_pure_dict(params, traversals.unflatten_mapping(flat))  # keeps the Param types
+    return params

@@ -1,0 +1,169 @@
+"""A training run's checkpoints as a source of weights: what `python -m models.hf export`
+writes out and what another run's `init.checkpoint` starts from.
+
+A source is named by the run folder (`config.yaml` inside), its checkpoint folder, or one
+step folder of it, as users point at them; `RUN_DIR@STEP` picks a step. The model is the
+one the checkpoint records in its `meta` item (`model`, written by the loop), so a run that
+itself started from other weights exports without them; checkpoints written before that
+key existed rebuild it from their saved config as the trainer does (preset, overrides, the
+tokenizer's vocabulary).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+
+class RunFolderError(ValueError):
+    """A path that is not a usable run (no checkpoints, no such step, no config): one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedRun:
+    source: str  # the path as given
+    checkpoint_dir: str
+    step: int
+    config: Any  # TrainConfig the checkpoint was saved with
+    model_config: Any  # models.config.LlamaConfig of its weights
+    recipe: str  # precision recipe in force at that step
+
+
+def split_step(spec: str) -> tuple[str, int | None]:
+    """`RUN_DIR@STEP` -> (RUN_DIR, STEP); a path without `@<digits>` has no step."""
+    m = re.fullmatch(r"(.+)@(\d+)", spec)
+    return (m.group(1), int(m.group(2))) if m else (spec, None)
+
+
+def _is_step_dir(path: str) -> bool:
+    return (os.path.basename(os.path.normpath(path)).isdigit()
+            and os.path.isdir(os.path.join(path, "state")) and os.path.isdir(os.path.join(path, "meta")))
+
+
+def is_run_source(path: str) -> bool:
+    """A run folder, its checkpoint folder or one of its step folders (not the plain state
+    checkpoints of `python -m models.hf import`, which hold llama_config.json)."""
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "llama_config.json")):
+        return False
+    if os.path.isfile(os.path.join(path, "config.yaml")) or _is_step_dir(path):
+        return True
+    return any(_is_step_dir(os.path.join(path, d)) for d in os.listdir(path))
+
+
+def _locate(path: str) -> tuple[str, str | None]:
+    """(checkpoint folder, step named by the path or None)."""
+    if not os.path.isdir(path):
+        raise RunFolderError(f"{path}: no such folder")
+    if _is_step_dir(path):
+        return os.path.dirname(os.path.abspath(path)), int(os.path.basename(os.path.normpath(path)))
+    config_path = os.path.join(path, "config.yaml")
+    if os.path.isfile(config_path):
+        import yaml
+
+        with open(config_path) as f:
+            raw = yaml.safe_load(f) or {}
+        # checkpoint.dir, when set, is where the run wrote (relative to where it ran).
+        return (raw.get("checkpoint") or {}).get("dir") or os.path.join(path, "checkpoints"), None
+    if any(_is_step_dir(os.path.join(path, d)) for d in os.listdir(path)):
+        return path, None
+    raise RunFolderError(f"{path}: not a training run folder (no config.yaml) nor a checkpoint "
+                         "folder of one")
+
+
+def open_run(path: str, step: int | None = None) -> SavedRun:
+    """The checkpoint at `step` (default: the latest, or the step folder given) of a run."""
+    checkpoint_dir, named_step = _locate(path)
+    if named_step is not None and step is not None and step != named_step:
+        raise RunFolderError(f"{path} is the checkpoint of step {named_step}, not step {step}")
+    step = named_step if step is None else step
+    if not os.path.isdir(checkpoint_dir):
+        raise RunFolderError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
+    step, meta = read_meta(checkpoint_dir, step)
+    if meta is None:
+        raise RunFolderError(f"{checkpoint_dir} step {step}: no readable item 'meta'")
+    config = _config(meta, path)
+    return SavedRun(path, checkpoint_dir, step, config, _model_config(meta, config, path),
+                    str(meta.get("recipe", config.precision.recipe)))
+
+
+def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict | None]:
+    """(step, its `meta` item or None when it has none) of a checkpoint folder; the latest
+    step by default."""
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(create=False)
+    with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
+        steps = sorted(manager.all_steps())
+        if not steps:
+            raise RunFolderError(f"no checkpoint saved yet in {checkpoint_dir}")
+        if step is None:
+            step = steps[-1]
+        elif step not in steps:
+            raise RunFolderError(f"{checkpoint_dir}: no checkpoint of step {step}; saved steps: "
+                                 f"{', '.join(map(str, steps))}")
+        if not os.path.isdir(os.path.join(checkpoint_dir, str(step), "meta")):
+            return step, None
+        try:
+            return step, manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except (FileNotFoundError, KeyError, ValueError):
+            return step, None
+
+
+def recorded_model_config(checkpoint_dir: str, step: int | None = None):
+    """The LlamaConfig a checkpoint records (the loop writes it into `meta`), or None for
+    checkpoints that record none."""
+    from models.config import config_from_dict
+
+    _, meta = read_meta(checkpoint_dir, step)
+    model = (meta or {}).get("model")
+    return config_from_dict(model) if isinstance(model, dict) else None
+
+
+def _config(meta: dict, path: str):
+    from lp_jax.training.config import TrainConfig
+    from lp_jax.training.config_io import ConfigError, from_dict
+
+    if not isinstance(meta.get("config"), dict):
+        raise RunFolderError(f"{path}: the checkpoint's meta item holds no run config")
+    try:
+        return from_dict(TrainConfig, meta["config"])
+    except ConfigError as e:
+        raise RunFolderError(f"{path}: the checkpoint's run config no longer loads: {e}") from None
+
+
+def _model_config(meta: dict, config, path: str):
+    from lp_jax.training.config_io import ConfigError
+    from lp_jax.training.validate import model_config
+    from models.config import config_from_dict
+
+    try:
+        if isinstance(meta.get("model"), dict):
+            return config_from_dict(meta["model"])
+        return model_config(config)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise RunFolderError(f"{path}: cannot rebuild the run's model: {_one_line(e)}") from None
+
+
+def restore_model(saved: SavedRun):
+    """The model of the checkpoint with its FP32 master weights (the optimizer moments are
+    never read); computes in float32."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from lp_jax.evaluation.loading import LoadError, restore_model_state
+    from models.llama import Llama
+
+    cfg = saved.model_config.replace(dtype=jnp.float32)
+    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    try:
+        model, _ = restore_model_state(abstract, saved.checkpoint_dir, saved.step)
+    except (LoadError, ValueError) as e:
+        raise RunFolderError(f"{saved.source}: {_one_line(e)}") from None
+    return model
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else text[:300] + "..."  # Orbax lists every key
