@@ -40,18 +40,24 @@ SHAPES = {"full": ((2, 1000, 1000), 776), "tiny": ((2, 25, 40), 24)}
 TOLERANCE = 1e-6
 
 
-def linear_vjp(recipe):
-    """(x, w, dy) -> (y, dx, dW) of lp_jax's dot_general for ``recipe``, jitted."""
+def linear_vjp_fn(recipe):
+    """(x [..., K], w [K, N], dy [..., N]) -> (y, dx, dW) of lp_jax's dot_general for ``recipe``
+    (tests/test_backends.py uses it too)."""
     def f(x, w, dy):
         dims = (((x.ndim - 1,), (0,)), ((), ()))
         with context.rng_scope(jax.random.key(5)):
             y, vjp = jax.vjp(lambda x, w: lp.dot_general(recipe)(x, w, dims), x, w)
         return (y, *vjp(dy))
-    return jax.jit(f)
+    return f
 
 
-def inputs(x_shape, n, dtype):
-    rng = np.random.default_rng(0)
+def linear_vjp(recipe):
+    return jax.jit(linear_vjp_fn(recipe))
+
+
+def inputs(x_shape, n, dtype=jnp.float32, seed=0):
+    """Gaussian x, dy (in ``dtype``) and a small FP32 kernel w."""
+    rng = np.random.default_rng(seed)
     x = jnp.asarray(rng.standard_normal(x_shape), dtype)
     w = jnp.asarray(rng.standard_normal((x_shape[-1], n)) * 0.05, jnp.float32)
     dy = jnp.asarray(rng.standard_normal(x_shape[:-1] + (n,)), dtype)

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 import lp_jax as lp
+from bench.backend_check import inputs, linear_vjp_fn, rel_err
 from bench.hlo_gemms import block_scaled_dots, fp8_dots, lowered_gemms
 from lp_jax import context
 from lp_jax.gemm import backends
@@ -39,31 +40,9 @@ NATIVE_TYPES = {
 }
 
 
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.max(np.abs(a - b)) / np.max(np.abs(b))
-
-
-def _data(x_shape, n, dtype=jnp.float32, seed=0):
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.standard_normal(x_shape), dtype)
-    w = jnp.asarray(rng.standard_normal((x_shape[-1], n)) * 0.05, jnp.float32)
-    dy = jnp.asarray(rng.standard_normal(x_shape[:-1] + (n,)), dtype)
-    return x, w, dy
-
-
-def _vjp_fn(recipe):
-    def f(x, w, dy):
-        dims = (((x.ndim - 1,), (0,)), ((), ()))
-        with context.rng_scope(jax.random.key(11)):
-            y, vjp = jax.vjp(lambda x, w: lp.dot_general(recipe)(x, w, dims), x, w)
-        return (y, *vjp(dy))
-    return f
-
-
 @functools.lru_cache(maxsize=None)
 def _jitted(recipe):
-    return jax.jit(_vjp_fn(recipe))
+    return jax.jit(linear_vjp_fn(recipe))
 
 
 def _native(recipe):
@@ -76,12 +55,12 @@ def test_native_backend_on_cpu_equals_reference(name, shape):
     """fprop, dgrad and wgrad to FP32 summation order, stochastic rounding on and off."""
     ref_recipe = lp.get_recipe(RECIPES[name], backend="reference")
     native = _native(RECIPES[name])
-    args = _data(*shape)
+    args = inputs(*shape)
     ref = _jitted(ref_recipe)(*args)
     got = _jitted(native)(*args)
     for r, g, what in zip(ref, got, ("y", "dx", "dW")):
         assert g.dtype == r.dtype == jnp.float32 and g.shape == r.shape
-        assert _rel(g, r) <= 1e-6, (what, _rel(g, r))
+        assert rel_err(g, r) <= 1e-6, (what, rel_err(g, r))
     # ... and the native GEMMs are what ran (a forced backend has no other branch).
     assert _native_gemm_eqns(native, args) == 3
     assert _native_gemm_eqns(ref_recipe, args) == 0
@@ -97,24 +76,24 @@ def _native_gemm_eqns(recipe, args):
                 eqn.primitive.name == "dot_general" and all(str(a.dtype).startswith("float8") for a in avals))
             n += sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
         return n
-    return count(jax.make_jaxpr(_vjp_fn(recipe))(*args).jaxpr)
+    return count(jax.make_jaxpr(linear_vjp_fn(recipe))(*args).jaxpr)
 
 
 @pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
 def test_native_backend_with_bf16_activations(name):
     """BF16 y and dx, FP32 dW; the outputs
     agree with the reference to BF16 rounding."""
-    args = _data((2, 25, 40), 24, jnp.bfloat16, seed=1)
+    args = inputs((2, 25, 40), 24, jnp.bfloat16, seed=1)
     ref = _jitted(lp.get_recipe(name, backend="reference"))(*args)
     got = _jitted(_native(RECIPES[name]))(*args)
     assert [g.dtype for g in got] == [jnp.bfloat16, jnp.bfloat16, jnp.float32]
     for r, g in zip(ref, got):
-        assert _rel(g, r) <= 1e-2
+        assert rel_err(g, r) <= 1e-2
 
 
 @pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
 def test_auto_on_cpu_is_the_reference_bit_for_bit(name):
-    args = _data((2, 25, 40), 24)
+    args = inputs((2, 25, 40), 24)
     auto = _jitted(lp.get_recipe(name))(*args)
     ref = _jitted(lp.get_recipe(name, backend="reference"))(*args)
     for a, r in zip(auto, ref):
@@ -159,13 +138,13 @@ def test_forced_backend_that_does_not_fit_the_recipe_is_refused():
 
 @pytest.mark.parametrize("platform", ["tpu", "rocm"])
 def test_forced_backend_lowered_for_another_platform_fails_in_one_line(platform):
-    f = _vjp_fn(lp.get_recipe("mxfp8", backend="cudnn"))
-    args = _data((2, 25, 40), 24)
+    f = linear_vjp_fn(lp.get_recipe("mxfp8", backend="cudnn"))
+    args = inputs((2, 25, 40), 24)
     with pytest.raises(ValueError) as e:
         jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))
     assert f"backend 'cudnn' cannot run on '{platform}'" in str(e.value) and "\n" not in str(e.value)
     # auto lowers there, with the reference GEMMs
-    text = jax.jit(_vjp_fn(lp.get_recipe("mxfp8"))).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    text = jax.jit(linear_vjp_fn(lp.get_recipe("mxfp8"))).trace(*args).lower(lowering_platforms=(platform,)).as_text()
     assert not block_scaled_dots(lowered_gemms(text))
 
 
@@ -193,10 +172,10 @@ def test_platform_dependent_under_shard_map_remat_and_vmap():
     """The per-GEMM platform choice inside the custom_vjp survives the transformations a
     model puts around a Linear: bit-identical to the reference on CPU, native for CUDA."""
     mesh = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
-    args = _data((4, 25, 40), 24)
+    args = inputs((4, 25, 40), 24)
 
     def wrapped(recipe):
-        inner = jax.checkpoint(_vjp_fn(recipe), policy=jax.checkpoint_policies.dots_saveable)
+        inner = jax.checkpoint(linear_vjp_fn(recipe), policy=jax.checkpoint_policies.dots_saveable)
         spec = jax.P("d")
         sm = jax.shard_map(inner, mesh=mesh, in_specs=(spec, jax.P(), spec), out_specs=(spec, spec, jax.P()),
                            check_vma=False)
@@ -209,7 +188,7 @@ def test_platform_dependent_under_shard_map_remat_and_vmap():
     assert len(block_scaled_dots(cuda)) == 3
     forced = wrapped(lp.get_recipe("nvfp4", backend="cudnn"))(*args)  # the guard under vmap
     for f, r in zip(forced, ref(*args)):
-        assert _rel(f, r) <= 1e-6
+        assert rel_err(f, r) <= 1e-6
 
 
 # ----------------------------------------------------------------- the tiny Llama's train step
@@ -261,9 +240,9 @@ def test_llama_train_step_with_each_backend_forced_matches_reference(name):
         results[backend] = (metrics, new_state["params"])
     (m_ref, p_ref), (m_nat, p_nat) = results.values()
     assert abs(float(m_nat["loss"]) - float(m_ref["loss"])) <= 1e-6 * abs(float(m_ref["loss"]))
-    assert _rel(m_nat["grad_norm"], m_ref["grad_norm"]) <= 1e-6
+    assert rel_err(m_nat["grad_norm"], m_ref["grad_norm"]) <= 1e-6
     for a, b in zip(jax.tree.leaves(p_nat), jax.tree.leaves(p_ref)):
-        assert _rel(a, b) <= 1e-6
+        assert rel_err(a, b) <= 1e-6
 
 
 @pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
