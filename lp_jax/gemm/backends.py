@@ -33,7 +33,7 @@ from lp_jax.gemm import cudnn, operands, xla_fp8
 from lp_jax.numerics import formats as F
 
 BACKENDS = ("auto", "reference", "xla_fp8", "cudnn")
-# The GEMMs that run each backend: what it computes is in the module named.
+# Each backend's GEMM; the module named says what it computes.
 _IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot}
 # Platforms a forced backend lowers on. cpu is where JAX executes both natively-typed paths
 # (tests compare them with reference there); CUDA is what they are for. Others (ROCm, TPU)
