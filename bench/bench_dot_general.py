@@ -1,17 +1,23 @@
 """Forward+backward of a Llama-like block stack per recipe, against peers, on this platform.
 
     python bench/bench_dot_general.py [--layers 4 --tokens 2048 --d 512 --ffn 1536 --repeats 5]
+                                      [--reference-backend] [--no-fp32] [--no-peers] [--tiny]
 
 Prints, per variant: median step time and its ratio to our BF16 in the same run, the
 compiled step's temp memory, and the weight-gradient error against an FP32 run; then the
 bytes the backward keeps for one quantized linear layer, as a ratio to BF16's.
-Every layer is quantized (policy F0L0) so recipes are compared GEMM for GEMM.
+Every layer is quantized (policy F0L0) so recipes are compared GEMM for GEMM. The recipes
+run their GEMMs on the backend "auto" picks on this platform (docs/backends.md);
+``--reference-backend`` adds MXFP8 and NVFP4 forced onto the reference backend (on Hopper
+both are emulations: this shows which is faster). ``--no-fp32`` skips the FP32 run and the
+error column (a GPU run at Llama 3 8B's width saves its compilation and memory).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +29,7 @@ import lp_jax as lp  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.common import median_seconds, platform_line, print_table  # noqa: E402
 from lp_jax import context  # noqa: E402
+from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
 
 
 class Block(nnx.Module):
@@ -93,7 +100,7 @@ def residual_bytes(recipe, m, k, n):
                else a.nbytes for a in jax.tree.leaves(vjp))
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=2048)
@@ -102,19 +109,33 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-peers", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--reference-backend", action="store_true")
+    ap.add_argument("--no-fp32", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no new variant after this")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (a CPU smoke run)")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    if args.tiny:  # a smoke run of every row: no time budget
+        args.budget_s = None
+        args.layers, args.tokens, args.d, args.ffn, args.heads, args.repeats = 1, 64, 64, 96, 2, 1
     dims = (args.layers, args.d, args.ffn, args.heads)
     x = jax.random.normal(jax.random.key(1), (1, args.tokens, args.d), jnp.bfloat16)
     target = jax.random.normal(jax.random.key(2), (1, args.tokens, args.d), jnp.float32)
     key = jax.random.key(3)
 
-    ref_model = Stack(*dims, dtype=jnp.float32)
-    ref_step, ref_state = make_step(ref_model)
-    _, ref_grads = ref_step(ref_state, x.astype(jnp.float32), target, key)
+    ref_grads = None
+    if not args.no_fp32:
+        ref_model = Stack(*dims, dtype=jnp.float32)
+        ref_step, ref_state = make_step(ref_model)
+        _, ref_grads = ref_step(ref_state, x.astype(jnp.float32), target, key)
 
     variants = [("bf16 (nnx default dot_general)", lambda m: None)]
     for name in ("bf16", "fp8_cs", "mxfp8", "nvfp4"):
         variants.append((f"lp_jax {name}", lambda m, name=name: lp.apply_recipe(m, lp.get_recipe(name, policy="F0L0"))))
+    if args.reference_backend:
+        for name in ("mxfp8", "nvfp4"):
+            variants.append((f"lp_jax {name} (reference backend)", lambda m, name=name: lp.apply_recipe(
+                m, lp.get_recipe(name, policy="F0L0", backend="reference"))))
     if not args.no_peers:
         variants += [
             ("jax.nn mxfp8", lambda m: peers.apply_jax_nn(m, "mxfp8")),
@@ -124,6 +145,9 @@ def main():
         ]
     rows, times = [], {}
     for name, setup in variants:
+        if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+            rows.append((name, "skipped", "", "", f"time budget of {args.budget_s:.0f} s spent"))
+            continue
         model = Stack(*dims)
         if isinstance(setup, str):
             try:
@@ -144,10 +168,13 @@ def main():
         t = median_seconds(step, state, x, target, key, repeats=args.repeats)
         _, grads = step(state, x, target, key)
         times[name] = t
-        rows.append((name, f"{t * 1e3:.0f}", "", f"{temp:.0f}", f"{grad_error(grads, ref_grads):.4f}"))
+        error = "" if ref_grads is None else f"{grad_error(grads, ref_grads):.4f}"
+        rows.append((name, f"{t * 1e3:.0f}", "", f"{temp:.0f}", error))
     base = times["lp_jax bf16"]
     rows = [(r[0], r[1], f"{times[r[0]] / base:.2f}" if r[0] in times else "", *r[3:]) for r in rows]
     print(platform_line())
+    print("GEMM backends here: " + ", ".join(
+        f"{r} {backend_on(lp.get_recipe(r), current_platform())}" for r in ("fp8_cs", "mxfp8", "nvfp4")))
     print_table(["variant", "step ms", "x lp_jax bf16", "temp MiB", "dW rel. err vs FP32"], rows,
                 title=f"{args.layers} blocks, {args.tokens} tokens, d {args.d}, FFN {args.ffn}: "
                       f"forward+backward, median of {args.repeats}")

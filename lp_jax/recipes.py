@@ -15,8 +15,7 @@ import difflib
 import re
 from typing import ClassVar
 
-from lp_jax.gemm.backends import BACKENDS
-
+from lp_jax.gemm import backends
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +42,9 @@ class Recipe:
     # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
     first_bf16_layers: int = 0
     last_bf16_layers: int = 0
-    # GEMM implementation; "auto" picks by platform (docs/backends.md). A backend that cannot
-    # run on the current platform raises; it never falls back silently.
+    # GEMM implementation of the quantized GEMMs: "auto" (decided per platform when the program
+    # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
+    # One that does not fit the recipe, or cannot run where the program is lowered, raises.
     backend: str = "auto"
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
@@ -59,17 +59,19 @@ class Recipe:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r} is not valid; expected one of {BACKENDS}")
         for gemm_operand, spec in self._operands().items():
             object.__setattr__(self, gemm_operand, spec)
+        backends.check_backend(self)
 
     def _operands(self) -> dict[str, OperandSpec]:
         return {}
 
+    def operand_specs(self) -> tuple[OperandSpec, ...]:
+        return tuple(getattr(self, f) for f in OPERAND_FIELDS)
+
     @property
     def quantized(self) -> bool:
-        return any(getattr(self, f).fmt for f in OPERAND_FIELDS)
+        return any(spec.fmt for spec in self.operand_specs())
 
     @property
     def policy(self) -> str:

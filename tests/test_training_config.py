@@ -132,3 +132,33 @@ def test_a_saved_config_without_a_newer_key_counts_it_at_its_default():
     assert with_defaults(older)["mesh"]["fsdp"] == 2 and with_defaults(older) != current
     removed = dict(current, retired_key=1)  # a key since removed: compared as saved
     assert with_defaults(removed) is removed
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["precision=fp8_cs", "precision.backend=cudnn"], "backend='cudnn' cannot run recipe 'fp8_cs'"),
+    (["precision=nvfp4", "precision.last_bf16_layers=1", "precision.backend=xla_fp8"],
+     "backend='xla_fp8' cannot run recipe 'nvfp4'"),
+    (["precision=mxfp8", "precision.backend=cublas"], "backend='cublas' is not valid"),
+    (["precision=mxfp8", "precision.backend=cudnn", "platform=tpu"], "backend 'cudnn' cannot run on 'tpu'"),
+])
+def test_precision_backend_is_checked_against_the_recipe_and_the_devices(overrides, message, tmp_path,
+                                                                          monkeypatch):
+    from lp_jax.gemm import backends
+    from lp_jax.training.validate import resolve
+
+    if "platform=tpu" in overrides:  # as if this process's devices were TPUs
+        overrides.remove("platform=tpu")
+        monkeypatch.setattr(backends, "current_platform", lambda: "tpu")
+    config = load_config(None, [f"run_dir={tmp_path}", "data.source=mock", *overrides])
+    with pytest.raises(ConfigError) as info:
+        resolve(config)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_precision_backend_reaches_the_recipe(tmp_path):
+    from lp_jax.training.validate import resolve
+
+    plan = resolve(load_config(None, [f"run_dir={tmp_path}", "data.source=mock", "precision=mxfp8",
+                                      "precision.backend=cudnn"]))
+    assert plan.phases[0].recipe.backend == "cudnn"
+    assert resolve(load_config(None, [f"run_dir={tmp_path}", "data.source=mock"])).phases[0].recipe.backend == "auto"

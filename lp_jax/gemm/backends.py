@@ -1,39 +1,140 @@
-"""Which GEMM implementation runs a recipe on this platform.
+"""Which GEMM implementation runs a recipe's quantized GEMMs, chosen when the program is lowered.
+
+Backends (docs/backends.md):
 
 - "reference": any platform. Operands are quantized, then multiplied as their exact
   dequantized bf16 values with FP32 accumulation; tensor factors applied after. This is
-  the definition every other backend is tested against.
-- "xla_fp8": FP8 per-tensor operands go into ``lax.dot_general`` as real FP8 arrays with
-  an FP32 result, which XLA lowers to cuBLASLt FP8 GEMMs on Hopper and later (also runs,
-  slowly, on CPU, which is how it is tested here). Block formats use the reference path:
-  Hopper has no block-scaled MMA.
+  the definition every other backend is tested against (lp_jax/gemm/operands.py).
+- "xla_fp8" (per-tensor FP8, FP8-CS): the FP8 bytes go into ``lax.dot_general`` with an
+  FP32 result, which XLA's GEMM rewriter turns into cuBLASLt FP8 GEMMs on Hopper and later
+  (lp_jax/gemm/xla_fp8.py). XLA also runs it on CPU, which is how it is tested here.
+- "cudnn" (MXFP8, NVFP4): the bytes and block scales go into ``jax.nn.scaled_matmul``,
+  lowered for CUDA to the ``__op$block_scaled_dot`` custom call, which XLA runs on cuDNN's
+  block-scaled GEMM on Blackwell and expands into dequantize-and-dot elsewhere
+  (lp_jax/gemm/cudnn.py). JAX runs it on CPU as a dequantize-and-dot composite.
+- "auto" (the default): decided per GEMM by ``lax.platform_dependent``, i.e. by the
+  platform the program is lowered for, not by the devices of the process that traces it:
+  for CUDA the recipe's native backend (xla_fp8 or cudnn), for anything else reference.
 
-"auto" picks "xla_fp8" on CUDA devices of compute capability 8.9 or newer, else
-"reference". An explicitly requested backend is used as asked or raises; it never falls
-back silently.
+The backends share the quantized bytes: the dot_general quantizes (or hands over a
+``Pending`` operand that each backend quantizes in its own layout with the same rounding),
+so only the GEMM differs. A forced backend that does not fit the recipe raises when the
+recipe is made; one that cannot run on the platform a program is lowered for raises one
+line while lowering (``_platform_guard``). Neither ever falls back silently.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
 
-BACKENDS = ("auto", "reference", "xla_fp8")
+from lp_jax.gemm import cudnn, operands, xla_fp8
+from lp_jax.numerics import formats as F
+
+BACKENDS = ("auto", "reference", "xla_fp8", "cudnn")
+# Each backend's GEMM; the module named says what it computes.
+_IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot}
+# Platforms a forced backend lowers on. cpu is where JAX executes both natively-typed paths
+# (tests compare them with reference there); CUDA is what they are for. Others (ROCm, TPU)
+# would need their own checks first, so they are refused rather than silently emulated.
+PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cuda")}
+AUTO_PLATFORM = "cuda"  # where "auto" picks the native backend; reference everywhere else
 
 
-@functools.lru_cache(maxsize=None)
-def _default_backend() -> str:
-    device = jax.devices()[0]
-    if device.platform == "gpu":
-        capability = getattr(device, "compute_capability", "0.0")
-        major, minor = (int(p) for p in str(capability).split(".")[:2])
-        if (major, minor) >= (8, 9):
-            return "xla_fp8"
-    return "reference"
+def native_backend(recipe) -> str | None:
+    """The backend built for ``recipe``'s quantized GEMMs: xla_fp8 for per-tensor FP8,
+    cudnn for block formats, None when it quantizes nothing (BF16 runs XLA's dot anywhere)."""
+    fmts = {spec.fmt for spec in recipe.operand_specs() if spec.fmt}
+    if not fmts:
+        return None
+    per_tensor = {F.FORMAT_SPECS[f].per_tensor for f in fmts}
+    if len(per_tensor) > 1:
+        raise ValueError(f"recipe {recipe.name!r} mixes per-tensor and block formats: no backend runs it")
+    return "xla_fp8" if per_tensor.pop() else "cudnn"
 
 
-def resolve_backend(recipe) -> str:
+def check_backend(recipe) -> None:
+    """Raises one line if ``recipe.backend`` is unknown or cannot run the recipe's formats."""
     backend = recipe.backend
     if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not available; expected one of {BACKENDS}")
-    return _default_backend() if backend == "auto" else backend
+        raise ValueError(f"backend={backend!r} is not valid; expected one of {BACKENDS}")
+    native = native_backend(recipe)
+    if backend in ("auto", "reference") or native is None or backend == native:
+        return
+    raise ValueError(f"backend={backend!r} cannot run recipe {recipe.name!r}: its GEMMs run on "
+                     f"'auto', 'reference' or {native!r}")
+
+
+def resolved(recipe) -> str:
+    """The recipe's backend with nothing left to decide but the platform: a forced name, or
+    "auto"; "reference" for recipes that quantize nothing (their GEMM is the same everywhere)."""
+    return recipe.backend if native_backend(recipe) else "reference"
+
+
+def backend_on(recipe, platform: str) -> str:
+    """The backend ``recipe``'s quantized GEMMs use in a program lowered for ``platform``
+    ("cpu", "cuda", "rocm", "tpu"): what the run log and SwapReport print."""
+    backend = resolved(recipe)
+    if backend == "auto":
+        return native_backend(recipe) if platform == AUTO_PLATFORM else "reference"
+    return backend
+
+
+def current_platform() -> str:
+    """The lowering platform name of this process's default devices: cpu, cuda, rocm, tpu."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return device.platform
+    return "rocm" if "rocm" in str(getattr(device.client, "platform_version", "")).lower() else "cuda"
+
+
+def gemm(backend: str, native: str | None, a, b, contracting, compute_dtype, out_dtype):
+    """``a`` x ``b`` contracted over ``contracting`` by ``backend`` (a name from ``resolved``;
+    ``native`` the recipe's native backend for "auto"). Operands: arrays, QuantizedTensor,
+    Transposed or Pending (lp_jax/gemm/operands.py); the result is cast to out_dtype."""
+    run = lambda name: lambda a, b: _IMPLS[name](a, b, contracting, compute_dtype, out_dtype)  # noqa: E731
+    if backend == "auto":
+        # Both branches are traced; only the one for the lowering platform is lowered.
+        return lax.platform_dependent(a, b, default=run("reference"), **{AUTO_PLATFORM: run(native)})
+    out = run(backend)(a, b)
+    return out if PLATFORMS[backend] is None else _platform_guard(out, backend)
+
+
+# --------------------------------------------------------------------- platform guard
+# An identity on the GEMM's result whose lowering checks the platform: a forced backend
+# lowered for a platform it does not run on fails there with one line, whether the program
+# is jitted here, lowered ahead of time or for another platform. (At trace time the
+# platform is not known yet: the same trace may be lowered for several.)
+
+_guard_p = Primitive("lp_jax_backend_guard")
+
+
+def _platform_guard(x, backend):
+    return _guard_p.bind(x, backend=backend)
+
+
+def check_platforms(backend: str, platforms) -> None:
+    """Raises one line if the forced ``backend`` cannot run on one of ``platforms``."""
+    bad = [p for p in platforms if PLATFORMS[backend] is not None and p not in PLATFORMS[backend]]
+    if bad:
+        raise ValueError(f"lp_jax GEMM backend {backend!r} cannot run on {bad[0]!r} (it runs on "
+                         f"{', '.join(PLATFORMS[backend])}); use backend 'auto' or 'reference'")
+
+
+def _guard_impl(x, *, backend):
+    check_platforms(backend, (current_platform(),))  # eager (un-jitted) call on this process's devices
+    return x
+
+
+_guard_p.def_impl(_guard_impl)
+_guard_p.def_abstract_eval(lambda aval, **_: aval)
+
+
+def _guard_lowering(ctx, x, *, backend):
+    check_platforms(backend, ctx.platforms or ctx.module_context.platforms)
+    return [x]
+
+
+mlir.register_lowering(_guard_p, _guard_lowering)
+batching.primitive_batchers[_guard_p] = lambda args, dims, **kw: (_guard_p.bind(*args, **kw), dims[0])

@@ -12,6 +12,11 @@ signature plus the ``out_sharding`` keyword that ``nnx.Linear`` passes, so it ca
   where the recipe says, from bits keyed by (seed, step, layer, call site) via
   lp_jax.context, so a resumed run draws the same bits.
 
+Each of the three GEMMs goes to the recipe's backend (lp_jax/gemm/backends.py): with
+"auto", ``lax.platform_dependent`` inside the forward and backward picks it when the
+program is lowered. The residuals are the same for every backend, so the choice never
+changes what the backward keeps.
+
 Weight gradients come back in FP32 only with ``KeepKernelDtype`` as the Linear's
 promote_dtype (``apply_recipe`` sets both; set it yourself when you pass this dot_general to
 an ``nnx.Linear`` by hand: otherwise Flax casts the kernel to BF16 before the call, and the
@@ -30,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from lp_jax import context
-from lp_jax.gemm.backends import resolve_backend
-from lp_jax.gemm.operands import prepare, scaled_dot, shares_bytes
+from lp_jax.gemm import backends
+from lp_jax.gemm.operands import operand, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
 
@@ -41,7 +46,8 @@ _SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded d
 @dataclasses.dataclass(frozen=True)
 class _GemmConfig:
     recipe: Recipe
-    native_fp8: bool  # feed FP8 operands to the GEMM as FP8 (Hopper+), else exact bf16 values
+    backend: str  # "auto" (decided per platform when lowering) or a forced backend
+    native: str | None  # the recipe's own backend, which "auto" picks when lowered for CUDA
     w_dtype: jnp.dtype  # dtype of the kernel as passed in: the weight gradient comes back in it
     out_dtype: jnp.dtype  # y: the activation dtype, or preferred_element_type
     x_dtype: jnp.dtype  # activations: the compute dtype of all three GEMMs and of dx
@@ -57,16 +63,21 @@ def _linear(cfg: _GemmConfig, x, w, key_data):
     return _forward(cfg, x, w, key_data)[0]
 
 
+def _gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
+    return backends.gemm(cfg.backend, cfg.native, a, b, contracting, compute_dtype, out_dtype)
+
+
 def _forward(cfg, x, w, key_data):
     r = cfg.recipe
     wc = w.astype(x.dtype)  # the BF16 cast of the FP32 master: every recipe quantizes from it
     share_x, share_w = shares_bytes(r.fprop_x, r.wgrad_x), shares_bytes(r.fprop_w, r.dgrad_w)
-    # Only copies the backward keeps are stored packed; the others are decoded at once.
-    fx = prepare(x, r.fprop_x, axis=1, store=share_x)
-    fw = prepare(wc, r.fprop_w, axis=0, store=share_w)
-    y = scaled_dot(fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype, cfg.native_fp8)
-    wgrad_x = fx if share_x else prepare(x, r.wgrad_x, axis=0, store=True)
-    dgrad_w = fw if share_w else prepare(wc, r.dgrad_w, axis=1, store=True)
+    # Only copies the backward keeps are packed here, in a layout every backend reads; the
+    # others are quantized inside the GEMM by the backend that runs it.
+    fx = stored(x, r.fprop_x, axis=1) if share_x else operand(x, r.fprop_x, axis=1)
+    fw = stored(wc, r.fprop_w, axis=0) if share_w else operand(wc, r.fprop_w, axis=0)
+    y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
+    wgrad_x = fx if share_x else stored(x, r.wgrad_x, axis=0)
+    dgrad_w = fw if share_w else stored(wc, r.dgrad_w, axis=1)
     return y, (wgrad_x, dgrad_w, key_data)
 
 
@@ -75,14 +86,14 @@ def _linear_bwd(cfg, res, dy):
     wgrad_x, dgrad_w, key_data = res
     key = jax.random.wrap_key_data(key_data) if key_data is not None else None
     sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
-    g_dgrad = prepare(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
+    g_dgrad = operand(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
     if shares_bytes(r.dgrad_dy, r.wgrad_dy):
         g_wgrad = g_dgrad
     else:
-        g_wgrad = prepare(dy, r.wgrad_dy, axis=0, key=sr_key(_SR_WGRAD))
+        g_wgrad = operand(dy, r.wgrad_dy, axis=0, key=sr_key(_SR_WGRAD))
     compute = cfg.x_dtype
-    dx = scaled_dot(g_dgrad, dgrad_w, ((1,), (1,)), compute, compute, cfg.native_fp8)
-    dw = scaled_dot(wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype, cfg.native_fp8)
+    dx = _gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
+    dw = _gemm(cfg, wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype)
     return dx, dw, None
 
 
@@ -124,10 +135,10 @@ class LowPrecisionDotGeneral:
         w2 = w.reshape(k, -1)
         if not jnp.issubdtype(x2.dtype, jnp.floating):
             raise ValueError(f"lp_jax.dot_general needs floating inputs, got {x2.dtype}")
-        native = resolve_backend(self.recipe) == "xla_fp8"
         key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
         out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
-        cfg = _GemmConfig(self.recipe, native, jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
+        cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe), backends.native_backend(self.recipe),
+                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
         return _linear(cfg, x2, w2, key_data).reshape(out_shape)
 
 

@@ -1,8 +1,19 @@
-"""Quantizing GEMM operands per an OperandSpec, and turning them back into GEMM inputs.
+"""GEMM operands: what the dot_general hands a backend, and the reference GEMM that defines them.
 
-A prepared operand is either a bf16 array (spec.fmt None) or a compact QuantizedTensor,
-which is what the backward keeps as a residual. ``gemm_inputs`` turns it into the values a
-GEMM multiplies plus one float32 factor applied after accumulation:
+An operand is one of:
+
+- a bf16 array (spec.fmt None);
+- a ``QuantizedTensor``: packed bytes, the same for every backend (per-tensor FP8 always,
+  and every copy the backward keeps);
+- a ``Transposed`` QuantizedTensor: a block-format copy quantized along the first axis of
+  its tensor, stored as the transpose so that axis is last (TE's columnwise copy; what a
+  block-scaled GEMM reads for wgrad, contracting over the tokens);
+- a ``Pending`` operand: a block-format operand consumed at once, which each backend
+  quantizes itself (the reference straight to decoded values, lp_jax/numerics/decoded.py;
+  cudnn to bytes in its layout) with the same rounding and the same stochastic bits.
+
+The reference GEMM (``scaled_dot``) turns each into the values a GEMM multiplies plus one
+float32 factor applied after accumulation:
 
 - FP8 per tensor: the FP8 values; factor scale_inv.
 - MXFP8: q * 2^(e-127), exact in bf16 (a power-of-two scale); factor 1.
@@ -15,6 +26,7 @@ hardware block-scaled GEMM does.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +37,9 @@ from lp_jax.numerics import formats as F
 from lp_jax.numerics.decoded import quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
 from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
-from lp_jax.recipes import OperandSpec
+
+if TYPE_CHECKING:  # recipes imports the backends, which import this module
+    from lp_jax.recipes import OperandSpec
 
 PER_TENSOR = F.PER_TENSOR_FORMATS
 
@@ -39,21 +53,63 @@ class Decoded:
     factor: jax.Array | None
 
 
-def prepare(t, spec: OperandSpec, axis: int, key=None, store=False):
-    """Quantizes t (2-D, compute dtype) along ``axis`` as ``spec`` says; t itself if fmt is None.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """A block-format operand each backend quantizes itself: t along ``axis`` as ``spec`` says."""
 
-    store=True returns a packed QuantizedTensor (what the backward keeps); otherwise the
-    decoded values for an immediate GEMM, without a packed copy (lp_jax.numerics.decoded).
-    """
-    if spec.rht:
-        t = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)
+    t: jax.Array
+    key: jax.Array | None  # stochastic rounding key (None without SR)
+    spec: OperandSpec = dataclasses.field(metadata=dict(static=True))
+    axis: int = dataclasses.field(metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Transposed:
+    """``q`` quantizes the transpose of a 2-D operand along its last axis, which is the
+    operand's first axis: the copy a GEMM contracting over that axis reads in place."""
+
+    q: QuantizedTensor
+
+
+def transformed(t, spec: OperandSpec, axis: int):
+    """t after the RHT along ``axis`` (zero-padded to a multiple of 16) if spec asks for it."""
+    return hadamard(pad_to(t, axis, RHT_SIZE), axis=axis) if spec.rht else t
+
+
+def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
+    return dict(block_2d=spec.block_2d, rounding="stochastic" if spec.stochastic else "nearest",
+                key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
+
+
+def operand(t, spec: OperandSpec, axis: int, key=None):
+    """t (2-D, compute dtype) as a GEMM consuming it at once gets it, contracting ``axis``:
+    t itself (BF16), FP8 bytes (per tensor: the same for every backend) or Pending."""
     if spec.fmt is None:
         return t
-    kw = dict(block_2d=spec.block_2d, rounding="stochastic" if spec.stochastic else "nearest",
-              key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
-    if store or (spec.fmt in PER_TENSOR):  # FP8 bytes are needed as such by a native FP8 GEMM
-        return quantize(t, spec.fmt, axis=axis, **kw)
-    values, factor = quantized_values(t, spec.fmt, axis, **kw)
+    if spec.fmt in PER_TENSOR:
+        return quantize(t, spec.fmt, axis=axis, **quantize_kwargs(spec, key))
+    return Pending(t, key, spec, axis)
+
+
+def stored(t, spec: OperandSpec, axis: int, key=None):
+    """The packed copy of t the backward keeps, contracting ``axis``: per-tensor bytes and
+    16x16 tiles serve either axis as they are; 1-D blocks along the first axis are kept
+    Transposed, so every backend reads the same bytes."""
+    if spec.fmt is None:
+        return t
+    t = transformed(t, spec, axis)
+    if spec.fmt in PER_TENSOR or spec.block_2d or axis == t.ndim - 1:
+        return quantize(t, spec.fmt, axis=axis, **quantize_kwargs(spec, key))
+    return Transposed(quantize(jnp.moveaxis(t, axis, -1), spec.fmt, axis=-1, **quantize_kwargs(spec, key)))
+
+
+def decoded(p: Pending):
+    """The reference's form of a Pending operand: its exact dequantized values over the
+    tensor factor, without packed bytes (lp_jax/numerics/decoded.py)."""
+    t = transformed(p.t, p.spec, p.axis)
+    values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))
     return Decoded(values.astype(t.dtype), factor)
 
 
@@ -77,43 +133,46 @@ def pad_to(t, axis, multiple):
     return jnp.pad(t, widths)
 
 
-def gemm_inputs(p, compute_dtype, native_fp8=False):
-    """(values, factor) for a GEMM: values of p times factor are its dequantized values.
-
-    Quantized values are exact in bf16, so any float compute_dtype represents them exactly.
+def gemm_inputs(p, compute_dtype):
+    """(values, factor) for the reference GEMM: values of p times factor are its dequantized
+    values. Quantized values are exact in bf16, so any float compute_dtype holds them exactly.
 
     The optimization barrier keeps XLA (on GPU, with excess precision allowed) from
     folding the f32 -> fp8 -> bf16 round trip away, which would silently skip quantization.
-    With ``native_fp8`` an FP8 per-tensor operand is returned in FP8 for a native FP8 GEMM.
     """
+    if isinstance(p, Pending):
+        p = decoded(p)
     if isinstance(p, Decoded):
         return p.values.astype(compute_dtype), p.factor
+    if isinstance(p, Transposed):
+        values, factor = gemm_inputs(p.q, compute_dtype)
+        return values.T, factor
     if not isinstance(p, QuantizedTensor):
         return p.astype(compute_dtype), None
     data = lax.optimization_barrier(p.data)
     if p.fmt in PER_TENSOR:
-        values = data if native_fp8 else data.astype(compute_dtype)
-        return values, p.scale
+        return data.astype(compute_dtype), p.scale
     values = block_values(dataclasses.replace(p, data=data)).astype(compute_dtype)
     return values, p.global_scale
 
 
-def _is_fp8(p):
-    return isinstance(p, QuantizedTensor) and p.fmt in PER_TENSOR
+def apply_factors(out, *factors):
+    """The FP32 GEMM result times the operands' tensor factors, one rounding each, as the
+    reference applies them (a factor may be a float32 subnormal: formats.mul)."""
+    for factor in factors:
+        if factor is not None:
+            out = F.mul(out, factor)
+    return out
 
 
-def scaled_dot(a, b, contracting, compute_dtype, out_dtype, native_fp8=False):
-    """Contracts prepared operands a and b in FP32 accumulation, applies both tensor
-    factors to the FP32 result, casts to out_dtype. contracting: ((a_axis,), (b_axis,)).
+def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
+    """The reference GEMM: contracts operands a and b in FP32 accumulation, applies both
+    tensor factors to the FP32 result, casts to out_dtype. contracting: ((a_axis,), (b_axis,)).
 
     An RHT'd pair was zero-padded along M before the transform; since H is orthogonal the
     padded product equals the unpadded one, so nothing needs slicing here.
     """
-    native = native_fp8 and _is_fp8(a) and _is_fp8(b)
-    av, fa = gemm_inputs(a, compute_dtype, native_fp8=native)
-    bv, fb = gemm_inputs(b, compute_dtype, native_fp8=native)
+    av, fa = gemm_inputs(a, compute_dtype)
+    bv, fb = gemm_inputs(b, compute_dtype)
     out = lax.dot_general(av, bv, (contracting, ((), ())), preferred_element_type=jnp.float32)
-    for factor in (fa, fb):
-        if factor is not None:
-            out = F.mul(out, factor)  # the factor may be a float32 subnormal (formats.recip)
-    return out.astype(out_dtype)
+    return apply_factors(out, fa, fb).astype(out_dtype)

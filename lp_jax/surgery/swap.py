@@ -37,6 +37,7 @@ from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
 from jax import lax
 
+from lp_jax.gemm import backends
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
 from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
@@ -65,12 +66,17 @@ class SwapReport:
     unmatched_rules: list[str] = dataclasses.field(default_factory=list)
     # not selected, given lp_jax's BF16 GEMM for an FP32 weight gradient (the LM head)
     fp32_weight_gradients: list[str] = dataclasses.field(default_factory=list)
+    # The GEMM backend each recipe used here runs on this process's platform
+    # (docs/backends.md): recipe class name -> backend; ``platform`` is cpu, cuda, ...
+    platform: str = ""
+    backends: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
+        gemms = ", ".join(f"{name} via {backend}" for name, backend in self.backends.items())
         lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers: "
                  f"{len(self.quantized)} Linears run {self.recipe}, {len(self.bf16_by_policy)} kept in "
                  f"BF16 by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
-                 f"{len(self.not_selected)} not selected"]
+                 f"{len(self.not_selected)} not selected; GEMMs on {self.platform}: {gemms}"]
         groups = [(self.recipe, list(self.quantized)),
                   ("BF16 (layer policy)", self.bf16_by_policy),
                   (f"{self.recipe}, per-slice policy {self.policy}", list(self.per_slice)),
@@ -182,4 +188,10 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
             linear.dot_general = LowPrecisionDotGeneral(recipe)
             report.quantized[path] = type(recipe).__name__
     report.unmatched_rules = [p for p, hit in used.items() if not hit]
+    report.platform = backends.current_platform()
+    used_recipes = [recipe] if report.quantized or report.per_slice else []
+    if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
+        used_recipes.append(bf16)
+    for r in used_recipes:
+        report.backends.setdefault(type(r).__name__, backends.backend_on(r, report.platform))
     return report

@@ -31,6 +31,10 @@ class PrecisionConfig:
     disable_rht: Optional[bool] = None
     disable_stochastic_rounding: Optional[bool] = None
     disable_2d: Optional[bool] = None
+    # GEMM backend of the quantized GEMMs (docs/backends.md): auto (chosen when the step is
+    # compiled: for CUDA cuBLASLt FP8 GEMMs for fp8_cs and cuDNN block-scaled GEMMs for mxfp8
+    # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4).
+    backend: str = "auto"
 
     def overrides(self) -> dict:
         """The keyword overrides for get_recipe: only the fields that were set."""

@@ -217,6 +217,7 @@ def _phases(c: TrainConfig, num_layers: int) -> list[Phase]:
 
 def _recipe(p: PrecisionConfig, key: str, num_layers: int):
     import lp_jax
+    from lp_jax.gemm import backends
 
     overrides = p.overrides()
     overrides.pop("from_step", None)
@@ -226,6 +227,10 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
                      f"must be between 0 and the model's {num_layers} layers")
     try:
         recipe = lp_jax.get_recipe(p.recipe, **overrides)
+        # A forced GEMM backend must run on this process's devices (the compiled step would
+        # fail there anyway; this says so before anything is built).
+        if backends.resolved(recipe) != "auto":
+            backends.check_platforms(backends.resolved(recipe), (backends.current_platform(),))
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{key}: {_one_line(e)}") from None
     # The recipe's own FiLj defaults (NVFP4 keeps the last 4 layers in BF16) must fit too.

@@ -1,0 +1,105 @@
+"""The "cudnn" backend: MXFP8 and NVFP4 GEMMs through ``jax.nn.scaled_matmul``.
+
+``scaled_matmul`` takes lhs (B, M, K), rhs (B, N, K) and their block scales (B, M, K/32)
+E8M0 for MXFP8 or (B, M, K/16) E4M3 for NVFP4, infers the block size from the shapes,
+and returns lhs x rhs^T (B, M, N). Lowered for CUDA it is the ``__op$block_scaled_dot``
+custom call: XLA runs it on cuDNN's block-scaled GEMM on Blackwell (cuDNN >= 9.7) and
+expands it into dequantize-and-dot elsewhere (Hopper); JAX runs it on CPU as a
+dequantize-and-dot composite, which is how it is tested against the reference.
+
+Every operand is laid out with its contraction axis last (B = 1): fprop reads x and W^T
+along K, dgrad dy and W along N, wgrad x^T and dy^T along the tokens M, i.e. the
+transposed copies TE keeps for wgrad (after the RHT for NVFP4). The bytes and scales are
+our own quantizers' (lp_jax.quantize), the same bits the reference decodes; NVFP4's 16x16
+weight tiles give each row of either orientation its tile's scale. NVFP4's FP32 tensor
+scales multiply the FP32 result outside the call, one rounding each, as in the reference.
+
+Padding: K is zero-padded to a multiple of 4 blocks and the rows (M, N) to a multiple of
+128, the tile in which cuDNN reads block scales (XLA swizzles them into that layout; it
+only uses cuDNN when K is a multiple of the block, and its own padding of rows and scale
+columns becomes a no-op). Zero data adds nothing; the result is sliced back.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lp_jax.gemm.operands import Pending, Transposed, apply_factors, quantize_kwargs, transformed
+from lp_jax.numerics import formats as F
+from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor, quantize
+
+ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
+SCALE_COLUMN_TILE = 4  # scale columns (blocks along K) per tile
+# Block formats by element type (E4M3 -> MXFP8's 32, E2M1 -> NVFP4's 16).
+_BLOCK_OF = {jnp.dtype(s.element): s.block for s in F.FORMAT_SPECS.values() if s.block}
+
+
+def _round_up(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def _tile_scales(q: QuantizedTensor, axis: int):
+    """Per-row block scales of a 16x16-tiled operand read contracting ``axis``: each row of
+    the contraction-last layout gets the scale of the tile it lies in."""
+    scales = q.scale if axis == 1 else q.scale.T
+    rows = q.data.shape[1 - axis]
+    return jnp.repeat(scales, NVFP4_BLOCK, axis=0)[:rows]
+
+
+def _blocks(p, axis: int):
+    """(data [rows, K], block scales [rows, K / block], tensor factor or None) of operand p
+    contracted over its ``axis``, the contraction last."""
+    if isinstance(p, Pending):
+        if p.axis != axis:
+            raise ValueError(f"operand quantized along axis {p.axis} cannot be contracted over {axis}")
+        t = transformed(p.t, p.spec, p.axis)
+        kw = quantize_kwargs(p.spec, p.key)
+        if p.spec.block_2d:
+            p = quantize(t, p.spec.fmt, axis=axis, **kw)
+        else:
+            # The same blocks (and stochastic bits, indexed in this layout) as the reference's.
+            q = quantize(jnp.moveaxis(t, axis, -1), p.spec.fmt, axis=-1, **kw)
+            return q.data, q.scale, q.global_scale
+    if isinstance(p, Transposed) and axis == 0:
+        return p.q.data, p.q.scale, p.q.global_scale
+    if isinstance(p, QuantizedTensor) and F.FORMAT_SPECS[p.fmt].block:
+        if p.block_2d:
+            return jnp.moveaxis(p.data, axis, -1), _tile_scales(p, axis), p.global_scale
+        if p.axis == axis:
+            return jnp.moveaxis(p.data, axis, -1), jnp.moveaxis(p.scale, axis, -1), p.global_scale
+    raise ValueError(f"the cudnn backend multiplies MXFP8/NVFP4 operands blocked along the "
+                     f"contraction axis {axis}; got {type(p).__name__}")
+
+
+def _padded(data, scales, block):
+    rows, k = data.shape
+    pad_rows = _round_up(rows, ROW_TILE) - rows
+    pad_k = _round_up(k, block * SCALE_COLUMN_TILE) - k
+    if not (pad_rows or pad_k):
+        return data, scales
+    data = jnp.pad(data, ((0, pad_rows), (0, pad_k)))
+    pad_cols = (k + pad_k) // block - scales.shape[1]
+    # Padded scales are 1.0: jnp would cast 0 to E8M0 as NaN (E8M0 has no zero).
+    scales = jnp.pad(scales, ((0, pad_rows), (0, pad_cols)), constant_values=jnp.ones((), scales.dtype))
+    return data, scales
+
+
+def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
+    """a x b over ``contracting`` in one block-scaled GEMM (FP32 accumulation), in out_dtype."""
+    (ca,), (cb,) = contracting
+    ad, as_, fa = _blocks(a, ca)
+    bd, bs, fb = _blocks(b, cb)
+    block = _BLOCK_OF[jnp.dtype(ad.dtype)]
+    rows_a, rows_b = ad.shape[0], bd.shape[0]
+    ad, as_ = _padded(ad, as_, block)
+    bd, bs = _padded(bd, bs, block)
+    # Always an FP32 result: NVFP4's S_dec is applied to it, and when the contraction is
+    # sharded the partial results are summed across devices (scaled_matmul's partitioning
+    # rule) before the one rounding to out_dtype, as lax.dot_general's FP32 output would be.
+    # Where XLA expands the call (Hopper) it converts the bytes back up; the barrier keeps
+    # that convert from meeting our quantizer's and being folded away as excess precision.
+    ad, bd, as_, bs = lax.optimization_barrier((ad, bd, as_, bs))
+    out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None], preferred_element_type=jnp.float32)
+    out = out[0, :rows_a, :rows_b]
+    return apply_factors(out, fa, fb).astype(out_dtype)
