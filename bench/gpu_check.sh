@@ -7,7 +7,7 @@
 #     bash bench/gpu_check.sh --tiny     # every part at tiny shapes: a CPU smoke run
 #                                        # (tests/test_gpu_check.py runs it)
 # Part 2 needs pytest on that machine (the `test` extra); without it, part 2 is skipped.
-# Each part has its own time limit (they add up to 7 min 50 s) and the timing scripts stop
+# Each part has its own time limit (they add up to 7 min 45 s) and the timing scripts stop
 # starting new rows when their budget is spent, so a slow machine still leaves every table,
 # shortened.
 set -uo pipefail
@@ -48,7 +48,7 @@ else
 fi
 
 echo "== 3. GEMM TFLOP/s at Llama 3 8B shapes, M = 8192 tokens (quantization included, excluded)"
-part 130 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 110 $TINY
+part 125 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 105 $TINY
 
 echo "== 4. one transformer layer (Llama 3 8B width) forward+backward per recipe"
 part 75 "$PY" bench/bench_dot_general.py --layers 1 --tokens 8192 --d 4096 --ffn 14336 \

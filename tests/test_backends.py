@@ -201,7 +201,7 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
     from lp_jax.training.optimizer import make_optimizer
     from lp_jax.training.partitioning import state_shardings
     from lp_jax.training.step import StepSpec
-    from training_toy import opt_spec
+    from tests.toy_models import opt_spec
 
     cfg = llama.preset("tiny", dtype=jnp.dtype(dtype), scan_layers=scan_layers)
     mesh = make_mesh(1, 1)
@@ -218,7 +218,7 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
 
 def _step_args(graphdef, spec, state):
     from lp_jax.training.state import place_batch
-    from training_toy import batch
+    from tests.toy_models import batch
 
     return graphdef, spec, state, place_batch(batch(4), 1, spec.mesh)
 
