@@ -71,6 +71,21 @@ def test_nonfinite_step_is_skipped_and_never_saved(tmp_path, token_cache):
     ckpt.close()
 
 
+def test_validation_standard_error_over_batches(tmp_path, token_cache):
+    """Two validation batches: the loss is their mean and the standard error half their
+    difference, so the one-batch run's loss (the first batch alone) is one of mean +- se."""
+    vals = {}
+    for n in (1, 2):
+        run(resolve(tiny(tmp_path / str(n), token_cache, "stop_at=2", "logging.val_every=2",
+                         f"logging.val_batches={n}")))
+        vals[n] = read_metrics(tmp_path / str(n))[-1]
+    assert "val_loss_stderr" not in vals[1]
+    mean, se = vals[2]["val_loss"], vals[2]["val_loss_stderr"]
+    assert se > 0
+    assert min(abs(vals[1]["val_loss"] - (mean - se)), abs(vals[1]["val_loss"] - (mean + se))) \
+        <= 1e-5 * mean
+
+
 def test_nonfinite_step_can_stop_the_run(tmp_path, token_cache):
     config = tiny(tmp_path, token_cache, "stop_at=6", "checkpoint.every=2",
                   "debug.inject_nan_at_steps=[3]", "optimizer.on_nonfinite=stop")

@@ -62,9 +62,13 @@ def summarize(metrics: list[dict], target_step: int) -> dict:
     steps, loss = train_curve(metrics)
     v_steps, v_loss = val_curve(metrics)
     out = {"last_step": int(steps[-1]) if len(steps) else 0, "target_step": target_step,
-           "final_val_loss": None, "final_val_step": None, "final_train_loss": None}
+           "final_val_loss": None, "final_val_loss_stderr": None, "final_val_step": None,
+           "final_train_loss": None}
     if len(v_steps):
         out["final_val_loss"], out["final_val_step"] = float(v_loss[-1]), int(v_steps[-1])
+        last = next(m for m in reversed(metrics) if "val_loss" in m)
+        if last.get("val_loss_stderr") is not None:  # written by the trainer since it exists
+            out["final_val_loss_stderr"] = _finite(last["val_loss_stderr"])
     if len(steps):
         tail = loss[-smoothing_window(len(loss)):]
         tail = tail[np.isfinite(tail)]

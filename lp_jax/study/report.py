@@ -222,8 +222,9 @@ def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) ->
     if seed_lines:
         heading += f" (seed {entries[0]['config'].seed}, shown in detail; every seed: Across seeds)"
     lines += [heading, "",
-              "Final validation loss at the last step; training loss averaged over the last "
-              "2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
+              "Final validation loss at the last step (± its standard error over the "
+              "validation batches, where the run recorded it); training loss averaged over "
+              "the last 2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
               "validation gap averages the gaps of every validation in the second half of "
               "the run.", ""]
     rows = []
@@ -232,8 +233,11 @@ def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) ->
             n["recipe"] == name else None
         verdict = "-" if target is None or n["val_gap_to_bf16"] is None else (
             f"{'met' if n['val_gap_to_bf16'] <= target else 'missed'} (gap <= +{100 * target:.0f}%)")
+        loss = _fmt(n["final_val_loss"])
+        if n.get("final_val_loss_stderr") is not None and n["final_val_loss"] is not None:
+            loss += f" ± {n['final_val_loss_stderr']:.4f}"
         rows.append([n["label"], n["policy"], _quantized(n), _status(n),
-                     _fmt(n["final_val_loss"]), _pct(n["val_gap_to_bf16"]),
+                     loss, _pct(n["val_gap_to_bf16"]),
                      _pct(n["late_val_gap_to_bf16"]), _fmt(n["final_train_loss"]),
                      _pct(n["train_gap_to_bf16"]), verdict])
     lines += [_table(["run", "policy", "quantized linears", "status", "final val loss",

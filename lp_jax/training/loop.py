@@ -259,7 +259,10 @@ def run(plan: Plan) -> RunResult:
             for step in range(r.start + 1, end + 1):
                 values = _train_one_step(r, step)
                 if r.val_data is not None and _validation_due(cfg, step):
-                    values["val_loss"] = result.val_loss = _validate(r)
+                    values["val_loss"], stderr = _validate(r)
+                    result.val_loss = values["val_loss"]
+                    if stderr is not None:
+                        values["val_loss_stderr"] = stderr
                 _record(r, step, values)
                 result.step, result.loss = step, values["loss"]
                 result.nonfinite_steps = values["nonfinite_steps"]
@@ -378,10 +381,19 @@ class _NoMetrics:
         pass
 
 
-def _validate(r: _Run) -> float:
+def _validate(r: _Run) -> tuple[float, float | None]:
+    """(mean NLL per token over the validation batches, its standard error).
+
+    The standard error treats the batches' own means as the samples (their spread over
+    sqrt(batches)): how much the estimate would move with other held-out text of the same
+    size, which says whether a gap between two runs is larger than the validation set can
+    resolve. None with a single batch."""
     nll = count = 0.0
+    means = []
     for batch in r.val_data:
         placed = place_batch(batch, r.spec.accum_steps, r.mesh, r.plan.config.data.global_batch_size)
         b_nll, b_count = eval_step(r.graphdef, r.spec, r.state, placed)
         nll, count = nll + float(b_nll), count + float(b_count)
-    return nll / max(count, 1.0)
+        means.append(float(b_nll) / max(float(b_count), 1.0))
+    stderr = float(np.std(means, ddof=1) / np.sqrt(len(means))) if len(means) > 1 else None
+    return nll / max(count, 1.0), stderr
