@@ -223,7 +223,9 @@ def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) ->
         heading += f" (seed {entries[0]['config'].seed}, shown in detail; every seed: Across seeds)"
     lines += [heading, "",
               "Final validation loss at the last step (± its standard error over the "
-              "validation batches, where the run recorded it); training loss averaged over "
+              "validation batches, where the run recorded it: how far other held-out text "
+              "might move the loss itself; every run is scored on the same batches, so most "
+              "of that spread cancels in the gaps); training loss averaged over "
               "the last 2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
               "validation gap averages the gaps of every validation in the second half of "
               "the run.", ""]
