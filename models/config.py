@@ -177,6 +177,13 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
     return total
 
 
+# LlamaConfig fields that fix the parameters' shapes (and tying): a checkpoint or a set of
+# weights decides them; the others (remat, scan, attention kernel, dtypes, RoPE base, ...)
+# may differ between runs that share weights.
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_embeddings")
+
+
 def matmul_params(cfg: LlamaConfig) -> int:
     """Weights that take part in a matmul per token: every projection plus the LM head (which
     multiplies even when tied); the embedding lookup and the norm scales do not."""

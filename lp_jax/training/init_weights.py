@@ -17,10 +17,8 @@ from typing import Any, Callable
 
 from lp_jax.training.config import TrainConfig
 from lp_jax.training.config_io import ConfigError
+from models.config import SHAPE_FIELDS
 
-# LlamaConfig fields that fix a weight's shape or meaning: the weights decide them.
-WEIGHT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim", "tie_embeddings")
 # Encoded by both tokenizers to tell whether they are the same vocabulary: ASCII code,
 # whitespace runs, accented, CJK and emoji text, so byte-level and BPE tokenizers differ.
 PROBE = "def main(argv):\n    return 0  # Größe, naïve café; 日本語のテキスト 🙂 \t\r\n  end."
@@ -105,7 +103,7 @@ def _with_overrides(source, c: TrainConfig, key: str):
     import jax.numpy as jnp
 
     overrides = c.model.overrides()
-    for name in WEIGHT_FIELDS:
+    for name in SHAPE_FIELDS:
         if name in overrides and overrides[name] != getattr(source, name):
             raise ConfigError(f"model.{name}={overrides[name]!r} does not fit the weights of {key} "
                               f"({name} {getattr(source, name)!r}); leave it unset")

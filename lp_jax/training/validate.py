@@ -12,6 +12,7 @@ from typing import Any
 
 from lp_jax.training.config import PrecisionConfig, TrainConfig
 from lp_jax.training.config_io import ConfigError, from_dict
+from models.config import SHAPE_FIELDS
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
@@ -75,10 +76,6 @@ def resolve(config: TrainConfig) -> Plan:
                 config.data.global_batch_size // per_pass, tensor)
 
 
-# LlamaConfig fields that fix the parameters' shapes, and so a checkpoint's; the others
-# (remat, scan, attention kernel, compute dtype, RoPE base, ...) may change on resume.
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "tie_embeddings")
 
 
 def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
