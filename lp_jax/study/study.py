@@ -155,7 +155,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
         # Seed by seed: a study grows one complete seed at a time across sessions.
         for seed, planned in plans.items():
             for variant, config in planned:
-                key, name = (seed, variant.name), _run_name(seed, variant)
+                key, name = (seed, variant.name), _run_name(seed, variant.name)
                 if interrupted:
                     statuses[key] = runs.RunStatus("not run", config.end_step,
                                                    message="the study was interrupted")
@@ -184,16 +184,17 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
     summary = write_report(out, entries, options, interrupted, seconds=time.time() - started,
                            by_seed=by_seed if options.seeds else None)
     # Runs of every seed that did not reach their target (the report's runs are one seed's).
-    summary["unfinished"] = [name if seed is None else f"seed{seed}/{name}"
-                             for (seed, name), status in statuses.items() if not status.ok]
+    summary["unfinished"] = [_run_name(seed, name) for (seed, name), status in statuses.items()
+                             if not status.ok]
     say(f"study: report written to {out / 'report.md'}")
     if interrupted:
         raise runs.StudyInterrupted(interrupted)
     return summary
 
 
-def _run_name(seed: int | None, variant: Variant) -> str:
-    return variant.name if seed is None else f"seed{seed}/{variant.name}"
+def _run_name(seed: int | None, name: str) -> str:
+    """A run as progress lines and the exit summary name it: bf16, or seed1/bf16."""
+    return name if seed is None else f"seed{seed}/{name}"
 
 
 def _analyse(variant: Variant, config, status: runs.RunStatus, options: StudyOptions,
