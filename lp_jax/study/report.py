@@ -196,7 +196,9 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
                "targets": TARGETS, "runs": numbers, "figures": [f for _, f in figures]}
     seed_lines = []
     if by_seed:
-        across = seeds.summarize({s: collect_numbers(e, out) for s, e in by_seed.items()})
+        # The detailed seed's numbers are already collected; the others only for their losses.
+        across = seeds.summarize({s: numbers if e is entries else collect_numbers(e, out)
+                                  for s, e in by_seed.items()})
         band = seeds.noise_band(across)
         figure = None
         if across:
