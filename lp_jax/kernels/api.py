@@ -86,3 +86,45 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
     global_scale = None if s_enc is None else F.recip(s_enc)
     return QuantizedTensor(data.reshape(shape), scale_codes(scales, fmt).reshape(scale_shape), global_scale,
                            fmt, axis)
+
+
+def _block_copy(spec) -> BlockCopy:
+    """The kernel's BlockCopy for a recipe's OperandSpec (a 1-D block format)."""
+    return BlockCopy(spec.fmt, spec.scale_rule, spec.stochastic, spec.rht)
+
+
+def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, interpret=None):
+    """The 1-D block copies of a 2-D GEMM operand t [R, C] in one read: the row copy
+    (blocked along C: a QuantizedTensor with axis 1) and the column copy (blocked along R,
+    after the RHT if its spec says so: the transposed QuantizedTensor of
+    ``stored(t, col_spec, axis=0)``, R zero-padded to 16 for the RHT as the XLA path pads).
+    Specs: recipe OperandSpecs of one block format, or None for a copy not wanted."""
+    r, c = t.shape
+    row = None if row_spec is None else _block_copy(row_spec)
+    col = None if col_spec is None else _block_copy(col_spec)
+    if col is not None and col.rht and r % NVFP4_BLOCK:
+        t = jnp.pad(t, ((0, -r % NVFP4_BLOCK), (0, 0)))  # exact: the XLA path pads the same
+    x3 = t[None]
+    tl = tiling(x3.shape)
+    xp = pad(x3, tl)
+    s_enc = None
+    if (row or col).fmt == "nvfp4":
+        want_plain = row is not None or not col.rht
+        amaxes = tensor_amax(xp, tl, plain=want_plain, rht=col is not None and col.rht, interpret=interpret)
+        s_enc = jnp.stack([nvfp4_tensor_scale(amaxes[0]), nvfp4_tensor_scale(amaxes[-1])])
+    seeds = jnp.concatenate([sr_seed_pair(row_key, row is not None and row.stochastic),
+                             sr_seed_pair(col_key, col is not None and col.stochastic)])
+    outs = list(block_copies(xp, tl, row, col, s_enc=s_enc, seeds=seeds, interpret=interpret))
+    row_q = col_q = None
+    if row is not None:
+        data, scales = outs.pop(0), outs.pop(0)
+        nb = -(-c // row.block)
+        row_q = QuantizedTensor(data[0, :r, :c], scale_codes(scales[0, :r, :nb], row.fmt),
+                                None if s_enc is None else F.recip(s_enc[0]), row.fmt, 1)
+    if col is not None:
+        data, scales = outs.pop(0), outs.pop(0)
+        rr = tl.r
+        nb = -(-rr // col.block)
+        col_q = QuantizedTensor(data[0, :c, :rr], scale_codes(scales[0, :c, :nb], col.fmt),
+                                None if s_enc is None else F.recip(s_enc[1]), col.fmt, 1)
+    return row_q, col_q
