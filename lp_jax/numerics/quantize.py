@@ -79,9 +79,15 @@ def abs_max(x, axis=None, keepdims=False):
     """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN), as float32.
 
     Taken in x's own dtype (a max picks an element, so it is exact), which spares a
-    materialized float32 copy of a bf16 tensor.
+    materialized float32 copy of a bf16 tensor. The max is over the bits of |x| as unsigned
+    integers, which order non-negative floats as their values and every NaN above inf: XLA:CPU's
+    float max reduction can drop a NaN (a block holding NaN and inf gave inf, a block of a
+    64x96 tile holding one NaN gave its finite max; JAX 0.11.2 and 0.12.0.1).
     """
-    return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims).astype(jnp.float32)
+    a = jnp.abs(x)
+    uint = {2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    m = jnp.max(lax.bitcast_convert_type(a, uint), axis=axis, keepdims=keepdims)
+    return lax.bitcast_convert_type(m, a.dtype).astype(jnp.float32)
 
 
 # --------------------------------------------------------------------------- block kernels
