@@ -28,7 +28,7 @@ class OperandSpec:
     rht: bool = False  # random Hadamard transform along the contraction axis first
     stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
     scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
-    quantize_impl: str = "xla"  # the quantizer that makes it: "xla", "pallas" or "auto" (lp_jax/kernels)
+    quantize_impl: str = "auto"  # the quantizer that makes it: "xla", "pallas" or "auto" (lp_jax/kernels)
 
 
 _BF16_OPERAND = OperandSpec()
