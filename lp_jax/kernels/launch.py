@@ -10,8 +10,10 @@ CPU, supports that but not ``pallas_call`` BlockSpecs with index maps, and it ev
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
 from jax import lax
@@ -37,11 +39,26 @@ class Block:
 WHOLE = None  # a Block of None: the grid point reads the whole (small) input
 
 
+_COMPILED = contextvars.ContextVar("lp_jax_pallas_compiled", default=False)
+
+
+@contextlib.contextmanager
+def compiled_kernels() -> Iterator[None]:
+    """Kernels traced inside are Mosaic GPU kernels even off the GPU: for lowering a program
+    for CUDA on a CPU machine (``jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))``)."""
+    token = _COMPILED.set(True)
+    try:
+        yield
+    finally:
+        _COMPILED.reset(token)
+
+
 def interpret_params(interpret: bool | None):
     """Pallas's GPU interpreter off the GPU: ``interpret=None`` runs the kernels compiled
-    where JAX's default backend is a GPU and interpreted (on CPU) anywhere else."""
+    where JAX's default backend is a GPU (or inside ``compiled_kernels``) and interpreted (on
+    CPU) anywhere else."""
     if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+        interpret = jax.default_backend() != "gpu" and not _COMPILED.get()
     return plgpu.InterpretGPUParams() if interpret else None
 
 
