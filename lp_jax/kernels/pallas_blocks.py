@@ -103,7 +103,8 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     outs, blocks = [], []
     if row is not None:
         b = row.block
-        outs += [jax.ShapeDtypeStruct((a_n, rp, cp), row.element), jax.ShapeDtypeStruct((a_n, rp, cp // b), row.scale_dtype)]
+        outs += [jax.ShapeDtypeStruct((a_n, rp, cp), row.element),
+                 jax.ShapeDtypeStruct((a_n, rp, cp // b), row.scale_dtype)]
         blocks += [Block((1, tr, tc), tile), Block((1, tr, tc // b), tile)]
     if col is not None:
         b = col.block
