@@ -1,5 +1,5 @@
 """Pallas quantization kernels against the XLA quantizers: time, GB/s and share of the
-chip's memory bandwidth, on one 8192x4096 bf16 tensor (a GPU table; issue 11's targets:
+chip's memory bandwidth, on one 8192x4096 bf16 tensor (a GPU table; the targets:
 each kernel >= 60% of peak bandwidth and faster than XLA's fusions).
 
     python bench/bench_kernels.py [--rows 8192 --cols 4096] [--repeats 20] [--budget-s S]
