@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, in under 8 minutes on one H200: correctness of every GEMM backend first,
-# then the timing tables, then a few train steps per recipe (docs/backends.md,
+# then the timing tables, then a few train steps per recipe, then the Pallas quantization kernels (docs/backends.md,
 # docs/benchmarks.md). Run it on a GPU machine (JAX with CUDA installed there), from
 # the repository root:
 #     bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
@@ -48,15 +48,18 @@ else
 fi
 
 echo "== 3. GEMM TFLOP/s at Llama 3 8B shapes, M = 8192 tokens (quantization included, excluded)"
-part 125 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 105 $TINY
+part 105 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 85 $TINY
 
 echo "== 4. one transformer layer (Llama 3 8B width) forward+backward per recipe"
-part 75 "$PY" bench/bench_dot_general.py --layers 1 --tokens 8192 --d 4096 --ffn 14336 \
-  --heads 32 --repeats 5 --no-peers --no-fp32 --reference-backend --budget-s 55 $TINY
+part 65 "$PY" bench/bench_dot_general.py --layers 1 --tokens 8192 --d 4096 --ffn 14336 \
+  --heads 32 --repeats 5 --no-peers --no-fp32 --reference-backend --budget-s 45 $TINY
 
 echo "== 5. llama3_1b train steps per recipe: tokens/s, MFU"
-part 85 "$PY" bench/train_throughput.py --preset llama3_1b --seq-len 2048 --batch 4 --steps 4 \
-  --budget-s 60 $TINY
+part 75 "$PY" bench/train_throughput.py --preset llama3_1b --seq-len 2048 --batch 4 --steps 4 \
+  --budget-s 52 $TINY
+
+echo "== 6. Pallas quantization kernels against XLA's quantizers, 8192x4096 bf16: ms, GB/s, share of peak"
+part 40 "$PY" bench/bench_kernels.py --rows 8192 --cols 4096 --budget-s 25 $TINY
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo ok || echo FAILED)"
 exit $status

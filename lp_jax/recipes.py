@@ -15,6 +15,7 @@ import difflib
 import re
 from typing import ClassVar
 
+from lp_jax import kernels
 from lp_jax.gemm import backends
 
 
@@ -27,6 +28,7 @@ class OperandSpec:
     rht: bool = False  # random Hadamard transform along the contraction axis first
     stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
     scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
+    quantize_impl: str = "auto"  # the quantizer that makes it: "xla", "pallas" or "auto" (lp_jax/kernels)
 
 
 _BF16_OPERAND = OperandSpec()
@@ -46,6 +48,9 @@ class Recipe:
     # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
     backend: str = "auto"
+    # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
+    # lp_jax/kernels; the same bits) or "auto" (xla until a GPU measures Pallas faster).
+    quantize_impl: str = "auto"
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
     fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
@@ -59,8 +64,9 @@ class Recipe:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
+        kernels.check_impl(self.quantize_impl)
         for gemm_operand, spec in self._operands().items():
-            object.__setattr__(self, gemm_operand, spec)
+            object.__setattr__(self, gemm_operand, dataclasses.replace(spec, quantize_impl=self.quantize_impl))
         backends.check_backend(self)
 
     def _operands(self) -> dict[str, OperandSpec]:

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.operands import Pending, Transposed, apply_factors, quantize_kwargs, transformed
+from lp_jax.gemm.operands import (Pending, Transposed, apply_factors, quantize_kwargs, stored, transformed,
+                                  uses_pallas)
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor, quantize
 
@@ -50,6 +51,8 @@ def _tile_scales(q: QuantizedTensor, axis: int):
 def _blocks(p, axis: int):
     """(data [rows, K], block scales [rows, K / block], tensor factor or None) of operand p
     contracted over its ``axis``, the contraction last."""
+    if isinstance(p, Pending) and uses_pallas(p.spec):
+        p = stored(p.t, p.spec, p.axis, p.key)  # the kernels write this layout in one pass
     if isinstance(p, Pending):
         if p.axis != axis:
             raise ValueError(f"operand quantized along axis {p.axis} cannot be contracted over {axis}")

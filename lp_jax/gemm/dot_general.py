@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from lp_jax import context
 from lp_jax.gemm import backends
-from lp_jax.gemm.operands import operand, shares_bytes, stored
+from lp_jax.gemm.operands import operand, operand_pair, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
 
@@ -73,11 +73,16 @@ def _forward(cfg, x, w, key_data):
     share_x, share_w = shares_bytes(r.fprop_x, r.wgrad_x), shares_bytes(r.fprop_w, r.dgrad_w)
     # Only copies the backward keeps are packed here, in a layout every backend reads; the
     # others are quantized inside the GEMM by the backend that runs it.
-    fx = stored(x, r.fprop_x, axis=1) if share_x else operand(x, r.fprop_x, axis=1)
-    fw = stored(wc, r.fprop_w, axis=0) if share_w else operand(wc, r.fprop_w, axis=0)
+    # A tensor's two copies come as a pair: the Pallas quantizer writes both in one read.
+    if share_x:
+        fx = wgrad_x = stored(x, r.fprop_x, axis=1)
+    else:
+        fx, wgrad_x = operand_pair(x, r.fprop_x, 1, r.wgrad_x, 0, keep_b=True)
+    if share_w:
+        fw = dgrad_w = stored(wc, r.fprop_w, axis=0)
+    else:
+        fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
     y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
-    wgrad_x = fx if share_x else stored(x, r.wgrad_x, axis=0)
-    dgrad_w = fw if share_w else stored(wc, r.dgrad_w, axis=1)
     return y, (wgrad_x, dgrad_w, key_data)
 
 
@@ -86,11 +91,11 @@ def _linear_bwd(cfg, res, dy):
     wgrad_x, dgrad_w, key_data = res
     key = jax.random.wrap_key_data(key_data) if key_data is not None else None
     sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
-    g_dgrad = operand(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
     if shares_bytes(r.dgrad_dy, r.wgrad_dy):
-        g_wgrad = g_dgrad
+        g_dgrad = g_wgrad = operand(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
     else:
-        g_wgrad = operand(dy, r.wgrad_dy, axis=0, key=sr_key(_SR_WGRAD))
+        g_dgrad, g_wgrad = operand_pair(dy, r.dgrad_dy, 1, r.wgrad_dy, 0, sr_key(_SR_DGRAD), sr_key(_SR_WGRAD),
+                                        keep_b=False)
     compute = cfg.x_dtype
     dx = _gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
     dw = _gemm(cfg, wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype)

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lp_jax import kernels
+from lp_jax.kernels.api import block_pair
 from lp_jax.numerics import formats as F
 
 from lp_jax.numerics.decoded import quantized_values
@@ -83,14 +85,37 @@ def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
                 key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
 
 
+def uses_pallas(spec: OperandSpec) -> bool:
+    """Whether spec's copies come from the Pallas kernels (lp_jax/kernels; the same bits)."""
+    return spec.fmt is not None and kernels.resolve(spec.quantize_impl) == "pallas"
+
+
 def operand(t, spec: OperandSpec, axis: int, key=None):
     """t (2-D, compute dtype) as a GEMM consuming it at once gets it, contracting ``axis``:
     t itself (BF16), FP8 bytes (per tensor: the same for every backend) or Pending."""
     if spec.fmt is None:
         return t
     if spec.fmt in PER_TENSOR:
-        return quantize(t, spec.fmt, axis=axis, **quantize_kwargs(spec, key))
+        return quantize(t, spec.fmt, axis=axis, impl=spec.quantize_impl, **quantize_kwargs(spec, key))
     return Pending(t, key, spec, axis)
+
+
+def operand_pair(t, spec_a: OperandSpec, axis_a: int, spec_b: OperandSpec, axis_b: int, key_a=None, key_b=None,
+                 *, keep_b: bool):
+    """The copies of t for two GEMMs contracting its two axes: (operand(t, spec_a, axis_a), and
+    stored(t, spec_b, axis_b) if the backward keeps it (keep_b) or else operand(...)). With the
+    Pallas quantizer and 1-D blocks of one format along both axes, both come from one read
+    of t (one kernel); otherwise each its own way. The values are the same either way."""
+    row_spec, col_spec = (spec_a, spec_b) if axis_a == 1 else (spec_b, spec_a)
+    fused = (uses_pallas(spec_a) and uses_pallas(spec_b) and spec_a.fmt == spec_b.fmt
+             and spec_a.fmt not in PER_TENSOR and not (spec_a.block_2d or spec_b.block_2d) and not row_spec.rht)
+    if not fused:
+        return operand(t, spec_a, axis_a, key_a), (stored if keep_b else operand)(t, spec_b, axis_b, key_b)
+    if axis_a == 1:
+        row, col = block_pair(t, spec_a, spec_b, key_a, key_b)
+        return row, Transposed(col)
+    row, col = block_pair(t, spec_b, spec_a, key_b, key_a)
+    return Transposed(col), row
 
 
 def stored(t, spec: OperandSpec, axis: int, key=None):
@@ -99,9 +124,13 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
     Transposed, so every backend reads the same bytes."""
     if spec.fmt is None:
         return t
+    if uses_pallas(spec) and not (spec.fmt in PER_TENSOR or spec.block_2d):
+        # One kernel, the RHT fused into the column copy's pass.
+        row, col = block_pair(t, spec, None, key) if axis == t.ndim - 1 else block_pair(t, None, spec, None, key)
+        return row if col is None else Transposed(col)
     t = transformed(t, spec, axis)
     if spec.fmt in PER_TENSOR or spec.block_2d or axis == t.ndim - 1:
-        return quantize(t, spec.fmt, axis=axis, **quantize_kwargs(spec, key))
+        return quantize(t, spec.fmt, axis=axis, impl=spec.quantize_impl, **quantize_kwargs(spec, key))
     return Transposed(quantize(jnp.moveaxis(t, axis, -1), spec.fmt, axis=-1, **quantize_kwargs(spec, key)))
 
 
@@ -141,7 +170,8 @@ def gemm_inputs(p, compute_dtype):
     folding the f32 -> fp8 -> bf16 round trip away, which would silently skip quantization.
     """
     if isinstance(p, Pending):
-        p = decoded(p)
+        # The Pallas kernels write bytes (no decode-only kernel); their values are decoded's.
+        p = stored(p.t, p.spec, p.axis, p.key) if uses_pallas(p.spec) else decoded(p)
     if isinstance(p, Decoded):
         return p.values.astype(compute_dtype), p.factor
     if isinstance(p, Transposed):

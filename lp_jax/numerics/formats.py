@@ -269,11 +269,26 @@ def uniform_from_counter(key, shape):
     kernel: drawing the same amount of threefry output costs several times the whole
     quantization on CPU.
     """
-    seed = jax.random.key_data(key).reshape(-1)[-2:].astype(jnp.uint32)
     n = int(np.prod(shape)) if shape else 1
-    idx = lax.iota(jnp.uint32, n).reshape(shape)
-    h = _fmix32(_fmix32(idx * jnp.uint32(0x9E3779B9) + seed[0]) ^ seed[1])
+    return uniform_from_index(sr_seeds(key), lax.iota(jnp.uint32, n).reshape(shape))
+
+
+def sr_seeds(key):
+    """The two uint32 seeds of a key's stochastic-rounding bits (its own data)."""
+    return jax.random.key_data(key).reshape(-1)[-2:].astype(jnp.uint32)
+
+
+def uniform_from_index(seeds, idx):
+    """The noise ``uniform_from_counter`` gives the element at flat index ``idx`` (uint32):
+    what a kernel that sees one tile of the layout draws for its elements."""
+    h = _fmix32(_fmix32(idx * jnp.uint32(0x9E3779B9) + seeds[0]) ^ seeds[1])
     return (h >> 8).astype(jnp.float32) * jnp.float32(2.0**-24)
+
+
+def _noise(key, shape):
+    """SR noise for an array of ``shape``: from a JAX key (bits by place in that array), or
+    from ``key(shape)`` when key is a function (a Pallas kernel's tile of the whole array)."""
+    return key(shape) if callable(key) else uniform_from_counter(key, shape)
 
 
 def _e2m1_from_magnitude_code(mag, v):
@@ -301,7 +316,7 @@ def _e2m1_code_stochastic(a, key):
     scaled = jnp.where(a < 2, a * 2, jnp.where(a < 4, a, a * 0.5))
     offset = jnp.where(a < 2, 0.0, jnp.where(a < 4, 2.0, 4.0))
     lo = jnp.floor(scaled)
-    up = uniform_from_counter(key, a.shape) < scaled - lo
+    up = _noise(key, a.shape) < scaled - lo
     return lo + offset + up.astype(jnp.float32)
 
 

@@ -53,6 +53,18 @@ def hadamard(x, axis=-1):
     return _fast_walsh_hadamard(x, axis % x.ndim)
 
 
+# Bit i set: sign i of RHT_SIGNS is -1. The signs are built from it with iota, not held as an
+# array constant, so the transform also runs inside a Pallas kernel (which takes no array
+# constants); +-1 either way, the same bits.
+_NEGATIVE_SIGNS = sum(1 << i for i, s in enumerate(RHT_SIGNS) if s < 0)
+
+
+def _signs(shape):
+    """RHT_SIGNS in float32, laid out in ``shape`` (16 elements, in order, plus unit axes)."""
+    i = lax.iota(jnp.int32, RHT_SIZE).reshape(shape)
+    return jnp.where((jnp.int32(_NEGATIVE_SIGNS) >> i) & 1 == 1, jnp.float32(-1), jnp.float32(1))
+
+
 def _fast_walsh_hadamard(x, axis):
     """The same transform along a non-minor axis, without transposing: H16 = H2 (x) H2 (x) H2
     (x) H2, so four butterfly stages (a+b, a-b) over the tile's four index bits, in float32.
@@ -62,8 +74,7 @@ def _fast_walsh_hadamard(x, axis):
     """
     n = x.shape[axis]
     v = x.astype(jnp.float32).reshape(x.shape[:axis] + (n // RHT_SIZE, 2, 2, 2, 2) + x.shape[axis + 1:])
-    signs = np.asarray(RHT_SIGNS, np.float32).reshape((2, 2, 2, 2) + (1,) * (x.ndim - 1 - axis))
-    v = v * signs
+    v = v * _signs((2, 2, 2, 2) + (1,) * (x.ndim - 1 - axis))
     for bit in range(4):
         ax = axis + 1 + bit
         a = lax.index_in_dim(v, 0, ax, keepdims=True)

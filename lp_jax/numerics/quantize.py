@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lp_jax import kernels
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
@@ -78,9 +79,15 @@ def abs_max(x, axis=None, keepdims=False):
     """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN), as float32.
 
     Taken in x's own dtype (a max picks an element, so it is exact), which spares a
-    materialized float32 copy of a bf16 tensor.
+    materialized float32 copy of a bf16 tensor. The max is over the bits of |x| as unsigned
+    integers, which order non-negative floats as their values and every NaN above inf: XLA:CPU's
+    float max reduction can drop a NaN (a block holding NaN and inf gave inf, a block of a
+    64x96 tile holding one NaN gave its finite max; JAX 0.11.2 and 0.12.0.1).
     """
-    return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims).astype(jnp.float32)
+    a = jnp.abs(x)
+    uint = {2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
+    m = jnp.max(lax.bitcast_convert_type(a, uint), axis=axis, keepdims=keepdims)
+    return lax.bitcast_convert_type(m, a.dtype).astype(jnp.float32)
 
 
 # --------------------------------------------------------------------------- block kernels
@@ -212,19 +219,25 @@ def _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
 
 
 def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
-             scale_rule="rceil") -> QuantizedTensor:
+             scale_rule="rceil", impl="xla") -> QuantizedTensor:
     """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
 
     fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
     (32-element blocks, E8M0 scales; scale_rule "rceil" as TE, or OCP "floor"), "nvfp4"
     (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
     scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
+    impl: "xla" (this module), "pallas" (the Pallas kernels of lp_jax/kernels, the same bits;
+    interpreted on CPU) or "auto" (xla until a GPU measures the kernels faster).
     """
     _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
     x = jnp.asarray(x)
     ndim = x.ndim
     axis = axis % ndim if ndim else 0
     xf = x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)  # kernels upcast in-fusion
+    if kernels.resolve(impl) == "pallas":
+        from lp_jax.kernels.api import quantize_pallas  # the kernels import this module
+        return quantize_pallas(xf, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
+                               scale_rule=scale_rule)
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)

@@ -35,6 +35,9 @@ class PrecisionConfig:
     # compiled: for CUDA cuBLASLt FP8 GEMMs for fp8_cs and cuDNN block-scaled GEMMs for mxfp8
     # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4).
     backend: str = "auto"
+    # Quantizer of the six operand copies (docs/backends.md, "Pallas quantization kernels"):
+    # auto (xla until a GPU measures the Pallas kernels faster) | xla | pallas (the same bits).
+    quantize_impl: str = "auto"
 
     def overrides(self) -> dict:
         """The keyword overrides for get_recipe: only the fields that were set."""
