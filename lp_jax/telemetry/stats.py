@@ -21,18 +21,28 @@ returns a float32 vector of STATS:
   flushed to 0; the top of the range, 448, is where the tensor scale puts the largest
   block by design, so it is not counted); the FP8 per-tensor scale clamped to FLT_MAX.
 
-All counts are exact integers in int32, so the fractions are exact up to one float32
+Everything is computed in the blocked layout the quantizer's own kernels work on
+([..., blocks, block], zero-padded), calling those kernels (the same rounding, the same
+stochastic bits for a given key as the GEMM's decoded operands), with no packing to
+low-precision bytes and back: the probe traces 42 of these per layer, so their compile
+time counts. Counts are exact int32 sums, so the fractions are exact up to one float32
 division; tests/test_quant_stats.py checks every statistic against NumPy.
 """
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.operands import quantize_kwargs, transformed
+from lp_jax.gemm.operands import transformed
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, block_values, dequantize,
-                                      quantize, tensor_scale_fp8, to_blocks, to_tiles)
+from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, mxfp8_blocks,
+                                      nvfp4_block_encoding, nvfp4_encode_values,
+                                      nvfp4_tensor_scale, quantize_per_tensor, tensor_scale_fp8,
+                                      to_blocks, to_tiles)
 
 STATS = ("amax", "underflow", "saturation", "sqnr_db", "scale_exp_min", "scale_exp_max",
          "scale_at_limit")
@@ -54,75 +64,112 @@ def _fraction(count, total):
     return count.astype(jnp.float32) / jnp.maximum(total, 1).astype(jnp.float32)
 
 
-def _sqnr_db(t, deq):
-    """SQNR of deq against t over t's finite elements (see the module docstring)."""
-    finite = jnp.isfinite(t)
-    scale = jnp.max(jnp.where(finite, jnp.abs(t), 0))
-    scale = jnp.where(scale > 0, scale, 1)  # normalized so the sums cannot overflow
-    signal = jnp.sum(jnp.where(finite, jnp.square(t / scale), 0))
-    # Each side scaled before the difference: a difference of tiny values would be a
-    # float32 subnormal, which CPU arithmetic flushes to zero.
-    err = jnp.where(finite, t / scale - deq / scale, 0)
-    lost = jnp.any(finite & ~jnp.isfinite(deq))
-    noise = jnp.sum(jnp.square(jnp.where(lost, 0, err)))
-    exact = noise == 0
-    db = 10 * jnp.log10(signal / jnp.where(exact, 1, noise))
-    return jnp.where(lost, -jnp.inf, jnp.where(exact, jnp.inf, db))
+@dataclasses.dataclass
+class _Blocked:
+    """One quantized operand in block layout: the input, the stored element values, the
+    dequantized values (all float32, the same shape), and per block its amax, scale
+    exponent and whether the scale sits at its limit."""
+
+    t: jax.Array
+    stored: jax.Array
+    zero: jax.Array  # where the GEMM multiplies a zero: element 0 (or NVFP4 block scale 0)
+    deq: jax.Array
+    amax: jax.Array
+    exponent: jax.Array
+    at_limit: jax.Array
 
 
-def _block_amax_and_scales(t, q, spec, axis):
-    """(amax of each block, that block's scale as float32, exponents, at-limit flags)."""
-    if spec.fmt in F.PER_TENSOR_FORMATS:
-        amax = abs_max(t)
-        scale_inv = q.scale.astype(jnp.float32)
-        clamped = tensor_scale_fp8(amax, F.max_of(F.FORMAT_SPECS[spec.fmt].element)) == F.FLT_MAX
-        return amax[None], _floor_log2(scale_inv)[None], clamped[None]
-    if spec.fmt == "mxfp8":
-        amax = abs_max(to_blocks(t, axis, MX_BLOCK), axis=-1)
-        code = lax.bitcast_convert_type(jnp.moveaxis(q.scale, axis, -1), jnp.uint8).astype(jnp.int32)
-        at_limit = (code == E8M0_LIMIT_CODES[0]) | (code == E8M0_LIMIT_CODES[1])
-        return amax, (code - 127).astype(jnp.float32), at_limit
-    if spec.block_2d:
-        amax = abs_max(to_tiles(t), axis=(-3, -1))
-        s_b = q.scale.astype(jnp.float32)
+def _per_tensor(t, fmt):
+    element = F.FORMAT_SPECS[fmt].element
+    data, scale_inv = quantize_per_tensor(t, element)
+    stored = data.astype(jnp.float32)
+    amax = abs_max(t)
+    clamped = tensor_scale_fp8(amax, F.max_of(element)) == F.FLT_MAX
+    return _Blocked(t, stored, stored == 0, F.mul(stored, scale_inv), amax[None],
+                    _floor_log2(scale_inv)[None], clamped[None])
+
+
+def _mxfp8(t, axis, scale_rule):
+    xb = to_blocks(t, axis, MX_BLOCK)
+    data, code = mxfp8_blocks(xb, scale_rule)
+    stored = data.astype(jnp.float32)
+    k = code.astype(jnp.int32)
+    deq = jnp.where(k[..., None] == 255, jnp.float32(jnp.nan), F.mul_exp2(stored, k[..., None] - 127))
+    at_limit = (k == E8M0_LIMIT_CODES[0]) | (k == E8M0_LIMIT_CODES[1])
+    return _Blocked(xb, stored, stored == 0, deq, abs_max(xb, axis=-1),
+                    (k - 127).astype(jnp.float32), at_limit)
+
+
+def _nvfp4(t, axis, block_2d, rounding, key):
+    s_enc = nvfp4_tensor_scale(abs_max(t))
+    if block_2d:
+        xb, amax_axes = to_tiles(t), (-3, -1)
+        expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
     else:
-        amax = abs_max(to_blocks(t, axis, NVFP4_BLOCK), axis=-1)
-        s_b = jnp.moveaxis(q.scale, axis, -1).astype(jnp.float32)
+        xb, amax_axes = to_blocks(t, axis, NVFP4_BLOCK), -1
+        expand = lambda per_block: per_block[..., None]  # noqa: E731
+    amax = abs_max(xb, axis=amax_axes)
+    s_b, enc = nvfp4_block_encoding(amax, s_enc)
+    stored = nvfp4_encode_values(xb, expand(enc), rounding, key)
+    s_b = s_b.astype(jnp.float32)
+    block_values = stored * expand(s_b)  # q * s_b, exact: both factors are at least 2^-10
     exponent = jnp.where(s_b > 0, _floor_log2(jnp.where(s_b > 0, s_b, 1)), jnp.nan)
-    return amax, exponent, s_b < E4M3_MIN_NORMAL
+    return _Blocked(xb, stored, block_values == 0, F.mul(block_values, F.recip(s_enc)), amax,
+                    exponent, s_b < E4M3_MIN_NORMAL)
 
 
-def _stored_zero(q):
-    """Where the GEMM multiplies a zero: the element code is 0, or (NVFP4) its block scale
-    is. Read from the codes, not the dequantized float32, whose last multiplication by a
-    tiny tensor scale could itself underflow."""
-    if q.fmt != "nvfp4":
-        return q.data.astype(jnp.float32) == 0
-    return block_values(q) == 0  # q * s_b, exact: both factors are at least 2^-10
+def _blocked(t, spec, axis, key):
+    if spec.fmt in F.PER_TENSOR_FORMATS:
+        return _per_tensor(t, spec.fmt)
+    if spec.fmt == "mxfp8":
+        return _mxfp8(t, axis, spec.scale_rule)
+    rounding = "stochastic" if spec.stochastic else "nearest"
+    if spec.stochastic and key is None:
+        raise ValueError("operand_stats: a stochastically rounded operand needs key=")
+    return _nvfp4(t, axis, spec.block_2d, rounding, key if spec.stochastic else None)
 
 
 def operand_stats(t, spec, axis: int, key=None):
     """float32 [len(STATS)] for 2-D operand ``t`` quantized by ``spec`` along ``axis``.
-    ``key``: the stochastic-rounding key, needed when ``spec.stochastic``."""
+    ``key``: the stochastic-rounding key, needed when ``spec.stochastic``.
+
+    The sums are stacked into one integer and one float reduction over the elements and one
+    of each over the blocks: every separate reduction is another kernel to compile."""
     if spec.fmt is None:
         raise ValueError("operand_stats: a BF16 operand is not quantized")
-    t = transformed(t, spec, axis)
-    q = quantize(t, spec.fmt, axis=axis, **quantize_kwargs(spec, key))
-    tf = t.astype(jnp.float32)
-    deq = dequantize(q)
-    nonzero = jnp.isfinite(tf) & (tf != 0)
-    n_nonzero = jnp.sum(nonzero, dtype=jnp.int32)
-    kept = nonzero & jnp.isfinite(deq)  # not lost to a NaN block (MXFP8), where codes mean nothing
-    underflow = _fraction(jnp.sum(kept & _stored_zero(q), dtype=jnp.int32), n_nonzero)
+    t = transformed(t, spec, axis).astype(jnp.float32)
+    b = _blocked(t, spec, axis, key)
+    finite = jnp.isfinite(b.t)
+    nonzero = finite & (b.t != 0)  # zero padding never counts
+    kept = nonzero & jnp.isfinite(b.deq)  # not lost to a NaN block (MXFP8), where codes mean nothing
     fmax = F.max_of(F.FORMAT_SPECS[spec.fmt].element)
-    stored = jnp.abs(q.data.astype(jnp.float32))
-    saturation = _fraction(jnp.sum(kept & (stored == fmax), dtype=jnp.int32), n_nonzero)
-    amax_b, exponent, at_limit = _block_amax_and_scales(tf, q, spec, axis)
-    used = jnp.isfinite(amax_b) & (amax_b > 0)
-    has_exp = used & ~jnp.isnan(exponent)
-    any_exp = jnp.any(has_exp)
-    exp_min = jnp.where(any_exp, jnp.min(jnp.where(has_exp, exponent, jnp.inf)), jnp.nan)
-    exp_max = jnp.where(any_exp, jnp.max(jnp.where(has_exp, exponent, -jnp.inf)), jnp.nan)
-    limit = _fraction(jnp.sum(used & at_limit, dtype=jnp.int32), jnp.sum(used, dtype=jnp.int32))
-    return jnp.stack([abs_max(tf), underflow, saturation, _sqnr_db(tf, deq), exp_min, exp_max,
-                      limit]).astype(jnp.float32)
+    counts = _sums(jnp.int32, nonzero, kept & b.zero, kept & (jnp.abs(b.stored) == fmax),
+                   finite & ~jnp.isfinite(b.deq))
+    n_nonzero, n_underflow, n_saturated, n_lost = (counts[i] for i in range(4))
+    used = jnp.isfinite(b.amax) & (b.amax > 0)
+    # SQNR sums normalized by the largest finite block amax, so they cannot overflow.
+    scale = jnp.max(jnp.where(used, b.amax, 0))
+    scale = jnp.where(scale > 0, scale, 1)
+    # Each side scaled before the difference: a difference of tiny values would be a
+    # float32 subnormal, which CPU arithmetic flushes to zero.
+    signal, noise = _sums(jnp.float32, jnp.where(finite, jnp.square(b.t / scale), 0),
+                          jnp.where(finite & jnp.isfinite(b.deq),
+                                    jnp.square(b.t / scale - b.deq / scale), 0))
+    exact = noise == 0
+    db = 10 * jnp.log10(signal / jnp.where(exact, 1, noise))
+    sqnr = jnp.where(n_lost > 0, -jnp.inf, jnp.where(exact, jnp.inf, db))
+    n_used, n_limit = _sums(jnp.int32, used, used & b.at_limit)
+    has_exp = used & ~jnp.isnan(b.exponent)
+    extremes = jnp.max(jnp.stack([jnp.where(has_exp, -b.exponent, -jnp.inf),
+                                  jnp.where(has_exp, b.exponent, -jnp.inf)], -1).reshape(-1, 2), axis=0)
+    any_exp = jnp.isfinite(extremes[1])
+    return jnp.stack([abs_max(t), _fraction(n_underflow, n_nonzero), _fraction(n_saturated, n_nonzero),
+                      sqnr, jnp.where(any_exp, -extremes[0], jnp.nan),
+                      jnp.where(any_exp, extremes[1], jnp.nan),
+                      _fraction(n_limit, n_used)]).astype(jnp.float32)
+
+
+def _sums(dtype, *per_element):
+    """Sums of same-shaped arrays over all their elements, as one reduction."""
+    stacked = jnp.stack([x.astype(dtype) for x in per_element], -1)
+    return jnp.sum(stacked.reshape(-1, len(per_element)), axis=0)
