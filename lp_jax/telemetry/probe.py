@@ -222,14 +222,19 @@ def probe_sinks(layout: Layout) -> dict:
             for name in layout.linears}
 
 
-def collect(loss_fn, layout: Layout, key):
-    """(statistics {linear: [layers, 6, len(STATS)]}, loss_fn's aux) of ``loss_fn()``
-    (a traced scalar loss and an aux), differentiated with respect to the sinks."""
-    def with_sinks(sinks):
+def collect(loss_fn, layout: Layout, key, weights):
+    """(statistics {linear: [layers, 6, len(STATS)]}, aux) of ``loss_fn(weights)``, which
+    returns (a scalar loss, aux). ``weights`` (the model state the loss merges) is
+    differentiated too, its gradient thrown away: a model run by ``nnx.scan`` refuses state
+    from outside the differentiated function's trace. The GEMMs' backward computes weight
+    gradients anyway, so this adds no GEMM."""
+    def with_sinks(sinks, weights):
         with collecting(sinks, key):
-            return loss_fn()
+            return loss_fn(weights)
 
-    return jax.grad(with_sinks, has_aux=True)(probe_sinks(layout))
+    (stats, _), aux = jax.grad(with_sinks, argnums=(0, 1), has_aux=True, allow_int=True)(
+        probe_sinks(layout), weights)
+    return stats, aux
 
 
 def as_numpy(stats: dict) -> dict:

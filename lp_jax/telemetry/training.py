@@ -29,11 +29,11 @@ def _probe(graphdef, layout, mesh, params, rest, batch, rng, step):
     micro = jax.tree.map(lambda a: a[0], batch)
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)  # as the train step
 
-    def loss():
+    def loss(params):
         nll, count = _forward_nll(graphdef, params, rest, micro, jax.random.fold_in(step_key, 0), mesh)
         return nll, count  # the step differentiates the summed NLL: the same dy
 
-    stats, _ = collect(loss, layout, jax.random.fold_in(step_key, _STATS_KEY_TAG))
+    stats, _ = collect(loss, layout, jax.random.fold_in(step_key, _STATS_KEY_TAG), params)
     return stats
 
 
