@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import warnings
 import zlib
 from typing import Any, Iterator
 
@@ -239,3 +240,24 @@ def collect(loss_fn, layout: Layout, key, weights):
 
 def as_numpy(stats: dict) -> dict:
     return {name: np.asarray(jax.device_get(v)) for name, v in stats.items()}
+
+
+def aggregate(per_batch: list[dict]) -> dict:
+    """The statistics of several probes as one: amax and the largest scale exponent the
+    maximum, the smallest exponent the minimum, the fractions and the SQNR (dB) the mean of
+    the finite values (an SQNR of -inf in any batch, values lost to NaN blocks, stays -inf;
+    +inf, an exact copy, only where every batch was exact)."""
+    out = {}
+    for name in per_batch[0]:
+        stacked = np.stack([s[name] for s in per_batch])  # [batches, layers, 6, STATS]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices give NaN
+            mean = np.nanmean(np.where(np.isinf(stacked), np.nan, stacked), axis=0)
+            out[name] = np.where(np.isnan(mean), stacked[0], mean)
+            for stat, reduce in (("amax", np.max), ("scale_exp_min", np.nanmin),
+                                 ("scale_exp_max", np.nanmax)):
+                out[name][..., STATS.index(stat)] = reduce(stacked[..., STATS.index(stat)], axis=0)
+        sqnr = STATS.index("sqnr_db")
+        lost = np.any(np.isneginf(stacked[..., sqnr]), axis=0)
+        out[name][..., sqnr] = np.where(lost, -np.inf, out[name][..., sqnr])
+    return out

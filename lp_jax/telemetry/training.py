@@ -25,7 +25,7 @@ _STATS_KEY_TAG = 0x51A75  # folds the probe's own key (stochastically rounded st
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _probe(graphdef, layout, mesh, params, rest, batch, rng, step):
+def probe_step(graphdef, layout, mesh, params, rest, batch, rng, step):
     micro = jax.tree.map(lambda a: a[0], batch)
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)  # as the train step
 
@@ -37,7 +37,7 @@ def _probe(graphdef, layout, mesh, params, rest, batch, rng, step):
     return stats
 
 
-def _scan_layers(model) -> None:
+def scan_layers_for_probe(model) -> None:
     """Scans the probe's copy of an lp_jax Llama over runs of identical layers (the layers'
     arithmetic is the same; models/llama.py): the statistics are traced once per run of
     layers instead of once per layer, which keeps the probe's compile time from growing with
@@ -63,7 +63,7 @@ class QuantStatsProbe:
         if self._instrumented is None or self._instrumented[:2] != (graphdef, recipe):
             model = nnx.merge(graphdef, state["params"], state["rest"])
             layout = instrument(model, recipe)
-            _scan_layers(model)
+            scan_layers_for_probe(model)
             self._instrumented = (graphdef, recipe, split_model(model)[0], layout)
         return self._instrumented[2:]
 
@@ -73,7 +73,7 @@ class QuantStatsProbe:
         if not recipe.quantized:
             return
         probe_graphdef, layout = self._probe_graph(graphdef, recipe, state)
-        stats = as_numpy(_probe(probe_graphdef, layout, mesh, state["params"], state["rest"],
+        stats = as_numpy(probe_step(probe_graphdef, layout, mesh, state["params"], state["rest"],
                                 batch, state["rng"], jnp.int32(step)))
         if self.writer is not None:
             self.writer.write(step, layout, stats)
