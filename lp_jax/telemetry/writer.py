@@ -17,6 +17,7 @@ from lp_jax.telemetry import heatmap
 from lp_jax.telemetry.probe import OPERANDS, Layout
 from lp_jax.telemetry.records import number, record, sqnr_grid
 from lp_jax.telemetry.stats import STATS
+from lp_jax.training.metrics import read_jsonl
 
 FILE = "quant_stats.jsonl"
 
@@ -24,17 +25,7 @@ FILE = "quant_stats.jsonl"
 def read_quant_stats(run_dir: str | os.PathLike) -> list[dict]:
     """The records of RUN_DIR/quant_stats.jsonl ([] if none), up to a line cut short by a
     killed process."""
-    path = pathlib.Path(run_dir) / FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
+    return read_jsonl(pathlib.Path(run_dir) / FILE)
 
 
 class QuantStatsWriter:
