@@ -6,8 +6,8 @@
 
 Prints, per setting: the mean train-step time over steps 2..N (step_time_s of
 metrics.jsonl: step 1 holds the compilation), the probe's calls (the first one includes
-its compilation), and the mean time per step with the probes counted in, with and without
-the probe's one-off compilation. Runs write to a temporary folder (or --keep DIR).
+its compilation), and the mean time per step with the probes counted in: every probe at
+the steady-state cost of the later ones, and then with the first probe's compilation. Runs write to a temporary folder (or --keep DIR).
 """
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def main():
             steps = [m["step_time_s"] for m in read_metrics(f"{tmp}/every{every}")][1:]
             step_mean = statistics.mean(steps)
             later = calls[1:]
-            with_probes = (sum(steps) + sum(later)) / len(steps)
+            # every probe counted at its steady-state cost (the first one's compile aside)
+            steady = statistics.mean(later) if later else (calls[0] if calls else 0.0)
+            with_probes = (sum(steps) + steady * len(calls)) / len(steps)
             with_compile = (sum(steps) + sum(calls)) / len(steps)
             rows.append([every, f"{step_mean * 1e3:.1f}", len(calls),
                          f"{calls[0]:.1f}" if calls else "-",
