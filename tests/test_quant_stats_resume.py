@@ -3,6 +3,8 @@ after a stop and a resume it equals the uninterrupted run's, whatever the interr
 session wrote after its last checkpoint."""
 import json
 
+import pytest
+
 from lp_jax.telemetry.writer import FILE, read_quant_stats
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
@@ -14,6 +16,7 @@ SMALL = ["steps=4", "model.num_layers=2", "precision=fp8_cs", "precision.first_b
          "logging.quant_stats_every=2", "logging.val_batches=0", "checkpoint.every=2"]
 
 
+@pytest.mark.slow
 def test_quant_stats_resume_equals_straight_run(tmp_path, token_cache):
     run(resolve(tiny(tmp_path / "a", token_cache, *SMALL)))
     straight = read_quant_stats(tmp_path / "a")
