@@ -44,6 +44,9 @@ class Recipe:
     # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
     first_bf16_layers: int = 0
     last_bf16_layers: int = 0
+    # Any other layers kept in BF16, by index (what `python -m lp_jax.inspect` proposes when
+    # no FiLj fits): a layer is BF16 if FiLj or this list says so. Stored sorted, unique.
+    bf16_layers: tuple[int, ...] = ()
     # GEMM implementation of the quantized GEMMs: "auto" (decided per platform when the program
     # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
@@ -65,6 +68,11 @@ class Recipe:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
         kernels.check_impl(self.quantize_impl)
+        layers = self.bf16_layers
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__") or any(
+                not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):
+            raise ValueError(f"bf16_layers={layers!r} must be a list of non-negative layer indices")
+        object.__setattr__(self, "bf16_layers", tuple(sorted(set(layers))))
         for gemm_operand, spec in self._operands().items():
             object.__setattr__(self, gemm_operand, dataclasses.replace(spec, quantize_impl=self.quantize_impl))
         backends.check_backend(self)
@@ -81,10 +89,13 @@ class Recipe:
 
     @property
     def policy(self) -> str:
-        return f"F{self.first_bf16_layers}L{self.last_bf16_layers}"
+        """'F1L1', or 'F0L0+bf16[2,5]' with an explicit list of BF16 layers."""
+        fil = f"F{self.first_bf16_layers}L{self.last_bf16_layers}"
+        return fil + (f"+bf16[{','.join(map(str, self.bf16_layers))}]" if self.bf16_layers else "")
 
     def layer_is_bf16(self, layer: int, num_layers: int) -> bool:
-        return layer < self.first_bf16_layers or layer >= num_layers - self.last_bf16_layers
+        return (layer < self.first_bf16_layers or layer >= num_layers - self.last_bf16_layers
+                or layer in self.bf16_layers)
 
 
 OPERAND_FIELDS = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")

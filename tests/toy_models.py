@@ -77,6 +77,21 @@ class StackedToy(nnx.Module):
         return self.lm_head(x)
 
 
+LINEARS_OF_BLOCK = ("q_proj", "up_proj", "down_proj")
+
+
+def unrolled_like(stacked: StackedToy) -> Toy:
+    """A Toy holding the StackedToy's weights, layer by layer."""
+    unrolled = Toy(num_layers=stacked.num_layers, d=stacked.embed.embedding.shape[1],
+                   vocab=stacked.embed.embedding.shape[0])
+    for i, block in enumerate(unrolled.layers):
+        for name in LINEARS_OF_BLOCK:
+            getattr(block, name).kernel.set_value(getattr(stacked.layers, name).kernel[i])
+    unrolled.embed.embedding.set_value(stacked.embed.embedding[...])
+    unrolled.lm_head.kernel.set_value(stacked.lm_head.kernel[...])
+    return unrolled
+
+
 def loss_fn(model, tokens):
     logits = model(tokens).astype(jnp.float32)
     return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])

@@ -29,7 +29,8 @@ class LayerPolicyDotGeneral:
         bf16 = LowPrecisionDotGeneral(BF16(backend=self.recipe.backend))
         layer = context.current_layer()
         if layer is None:
-            if self.recipe.first_bf16_layers == 0 and self.recipe.last_bf16_layers == 0:
+            if self.recipe.first_bf16_layers == 0 and self.recipe.last_bf16_layers == 0 \
+                    and not self.recipe.bf16_layers:
                 layer = 0  # the policy is the same for every layer: no index needed
             else:
                 raise ValueError(
@@ -42,6 +43,8 @@ class LayerPolicyDotGeneral:
             return chosen(lhs, rhs, dimension_numbers, **kwargs)
         is_bf16 = (layer < self.recipe.first_bf16_layers) | \
             (layer >= self.num_layers - self.recipe.last_bf16_layers)
+        for listed in self.recipe.bf16_layers:  # precision.bf16_layers
+            is_bf16 = is_bf16 | (layer == listed)
         return lax.cond(is_bf16,
                         lambda a, b: bf16(a, b, dimension_numbers, **kwargs),
                         lambda a, b: quantized(a, b, dimension_numbers, **kwargs),

@@ -7,6 +7,8 @@ and ``exclude`` are regular expressions (or lists of them) searched in the '/'-j
 
 FiLj: the layer index is that integer; layers outside the policy get the BF16 recipe
 (still through LowPrecisionDotGeneral, so their weight gradients are FP32 like the rest).
+The recipe's ``bf16_layers`` (``precision.bf16_layers``) keeps any other listed layers in BF16
+the same way; the report's policy reads ``F0L0+bf16[0,3]`` then.
 
 Linears left unquantized (the LM head, anything excluded) get lp_jax's BF16 GEMM too, unless
 ``fp32_weight_gradients=False``: the same BF16 operands and FP32 accumulation as
@@ -162,6 +164,9 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
     if recipe.first_bf16_layers + recipe.last_bf16_layers > num_layers and recipe.quantized:
         raise ValueError(f"layer policy {recipe.policy} keeps more layers in BF16 than the model has "
                          f"({num_layers})")
+    beyond = [i for i in recipe.bf16_layers if i >= num_layers]
+    if beyond and recipe.quantized:
+        raise ValueError(f"bf16_layers {beyond} are not layers of this model (it has {num_layers})")
     bf16 = BF16(backend=recipe.backend)
     report = SwapReport(type(recipe).__name__, recipe.policy, num_layers)
     for path, linear in linears:

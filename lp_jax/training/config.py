@@ -25,6 +25,9 @@ class PrecisionConfig:
     # default (FP8-CS F1L1, MXFP8 F0L0, NVFP4 F0L4).
     first_bf16_layers: Optional[int] = None
     last_bf16_layers: Optional[int] = None
+    # Any other transformer layers kept in BF16, by 0-based index ([0, 30, 31]), on top of
+    # FiLj; `python -m lp_jax.inspect` proposes such a list when no FiLj fits its budget.
+    bf16_layers: tuple[int, ...] = ()
     # NVFP4 ablations (None keeps the recipe default): no random Hadamard transform on wgrad,
     # round-to-nearest instead of stochastic rounding for gradients, 1x16 instead of 16x16
     # weight blocks.
@@ -202,6 +205,9 @@ class LoggingConfig:
     progress_bar: bool = True
     # TensorBoard event files in <run_dir>/tensorboard (tensorboardX).
     tensorboard: bool = True
+    # Quantization statistics of every quantized Linear's six GEMM operands every N steps
+    # (a separate probe on that step's batch) to quant_stats.jsonl and TensorBoard; 0: off.
+    quant_stats_every: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,8 +111,10 @@ def to_dict(config: Any) -> Any:
     return config
 
 
-# Keys that may change between sessions of one run without making it another run.
-SESSION_KEYS = frozenset({"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar"})
+# Keys that may change between sessions of one run without making it another run (the
+# quant-stats probe runs beside the step and changes nothing in it).
+SESSION_KEYS = frozenset({"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar",
+                          "logging.quant_stats_every"})
 
 
 def changed_keys(saved: dict, current: dict, ignore=SESSION_KEYS) -> list[str]:

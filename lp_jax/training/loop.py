@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from lp_jax.telemetry.training import QuantStatsProbe
 from lp_jax.training import data as data_lib
 from lp_jax.training import init_weights
 from lp_jax.training import metrics as metrics_lib
@@ -126,10 +127,13 @@ class _Run:
     device: Any  # this process's first device (memory stats, platform, peak table)
     saved_step: int
     nonfinite_in_a_row: int = 0
+    quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
 
     def close(self, failing: bool) -> None:
         self.progress.close()
         self.writer.close()
+        if self.quant_stats is not None:
+            self.quant_stats.close()
         try:
             self.ckpt.close()  # waits for an asynchronous save in flight
         except CheckpointWriteError:
@@ -199,9 +203,12 @@ def build(plan: Plan) -> _Run:
               else _NoMetrics())
     progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar and primary)
     say.attach(progress)
+    every = cfg.logging.quant_stats_every
+    quant_stats = (QuantStatsProbe(run_dir, start, every, cfg.logging.tensorboard, primary)
+                   if every else None)
     return _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
                 phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
-                saved_step=start)
+                saved_step=start, quant_stats=quant_stats)
 
 
 def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
@@ -295,6 +302,8 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if step in cfg.debug.inject_nan_at_steps:
         host = _out_of_vocabulary(host, r.plan.model_config.vocab_size)
     batch = place_batch(host, r.plan.accum_steps, r.mesh, cfg.data.global_batch_size)
+    if r.quant_stats is not None and r.quant_stats.due(step):  # a separate probe, not timed
+        r.quant_stats.measure(step, r.graphdef, r.phase.recipe, r.mesh, r.state, batch)
     t0 = time.perf_counter()
     r.state, m = r.step_fn(r.graphdef, r.spec, r.state, batch)
     m = jax.device_get(m)

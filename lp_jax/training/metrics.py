@@ -122,7 +122,12 @@ class MetricsWriter:
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """The rows of RUN_DIR/metrics.jsonl ([] if there is none), up to a line cut short by
     a killed process (what precedes it is good)."""
-    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    return read_jsonl(pathlib.Path(run_dir) / "metrics.jsonl")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """The objects of a JSON-lines file ([] if there is none), up to a line cut short."""
+    path = pathlib.Path(path)
     if not path.is_file():
         return []
     rows = []

@@ -139,6 +139,8 @@ def _check_scalars(c: TrainConfig) -> None:
     lg = c.logging
     _fail_unless(lg.every >= 1, "logging.every", lg.every, "must be at least 1")
     _fail_unless(lg.val_every >= 0, "logging.val_every", lg.val_every, "must be >= 0 (0: only at the end)")
+    _fail_unless(lg.quant_stats_every >= 0, "logging.quant_stats_every", lg.quant_stats_every,
+                 "must be >= 0 (0: off)")
     _fail_unless(lg.val_batches >= 0, "logging.val_batches", lg.val_batches, "must be >= 0 (0: no validation)")
     for step in c.debug.inject_nan_at_steps:
         _fail_unless(1 <= step <= c.steps, "debug.inject_nan_at_steps", step, f"steps are 1..{c.steps}")
@@ -222,6 +224,9 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
         value = overrides.get(name)
         _fail_unless(value is None or 0 <= value <= num_layers, f"{key}.{name}", value,
                      f"must be between 0 and the model's {num_layers} layers")
+    for layer in overrides.get("bf16_layers", ()):
+        _fail_unless(0 <= layer < num_layers, f"{key}.bf16_layers", layer,
+                     f"layers are 0..{num_layers - 1}")
     try:
         recipe = lp_jax.get_recipe(p.recipe, **overrides)
         # A forced GEMM backend must run on this process's devices (the compiled step would
