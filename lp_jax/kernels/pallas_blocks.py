@@ -21,7 +21,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lp_jax.kernels.launch import WHOLE, Block, tiled_kernel
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from lp_jax.kernels.launch import WHOLE, Block, swizzled, tiled_kernel
 from lp_jax.kernels.tiles import Tiling, flat_index, noise_at, round_up
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import quantize as Q
@@ -78,6 +81,8 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     """
     if col is not None and col.rht and t.r % RHT_SIZE:
         raise ValueError(f"the RHT needs R a multiple of {RHT_SIZE}, got {t.r} (zero-pad it first)")
+    if col is None and row is not None and row.fmt == "mxfp8":
+        return mxfp8_rows(x3, t, row.scale_rule, interpret)
     s_enc = jnp.ones((2,), jnp.float32) if s_enc is None else s_enc
     seeds = jnp.zeros((4,), jnp.uint32) if seeds is None else seeds
     a_n, rp, cp = t.padded
@@ -119,6 +124,33 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     ins = [x3, s_enc, seeds]
     in_blocks = [Block((1, tr, tc), tile), WHOLE, WHOLE]
     return tiled_kernel(compute, ins, in_blocks, outs, blocks, t.grid, interpret)
+
+
+def mxfp8_rows(x3, t: Tiling, scale_rule="rceil", interpret=None):
+    """MXFP8 blocks along C alone, in a form Mosaic GPU lowers for CUDA: each tile is taken
+    32 columns (one block per row) at a time in the WGMMA register layout, where a max
+    along the row is a supported reduction, and quantized by ``mxfp8_blocks`` as the XLA
+    path. The kernel writes the scales of block column k as row k ([A, C/32, R]); they are
+    transposed to [A, R, C/32] after (an XLA pass over 1/32 of the data's bytes).
+    Returns [data [A, R, C], scales [A, R, C/32]], padded."""
+    b = F.BLOCK_SIZES["mxfp8"]
+    a_n, rp, cp = t.padded
+    tr, tc = t.tr, t.tc
+
+    def compute(_, x_s, data_s, scales_s):
+        for k in range(tc // b):
+            cols = pl.ds(k * b, b)
+            xk = plgpu.load(x_s.at[0, :, cols], layout=plgpu.Layout.WGMMA)
+            data, code = Q.mxfp8_blocks(xk, scale_rule)
+            data_s.at[0, :, cols][...] = data
+            scales_s.at[0, k][...] = code
+
+    tile = lambda a, i, j: (a, i, j)  # noqa: E731
+    outs = [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, cp // b, rp), jnp.uint8)]
+    blocks = [Block((1, tr, tc), tile, swizzled(1, b)), Block((1, tc // b, tr), lambda a, i, j: (a, j, i))]
+    data, scales_t = tiled_kernel(compute, [x3], [Block((1, tr, tc), tile, swizzled(x3.dtype.itemsize, b * x3.dtype.itemsize))],
+                                  outs, blocks, t.grid, interpret, by_ref=True)
+    return [data, jnp.swapaxes(scales_t, 1, 2)]
 
 
 def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, interpret=None):
