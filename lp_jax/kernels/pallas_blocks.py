@@ -81,8 +81,9 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     """
     if col is not None and col.rht and t.r % RHT_SIZE:
         raise ValueError(f"the RHT needs R a multiple of {RHT_SIZE}, got {t.r} (zero-pad it first)")
-    if col is None and row is not None and row.fmt == "mxfp8":
-        return mxfp8_rows(x3, t, row.scale_rule, interpret)
+    specs = [c for c in (row, col) if c is not None]
+    if all(c.fmt == "mxfp8" for c in specs) and (col is None or col_transposed):
+        return mxfp8_copies(x3, t, row and row.scale_rule, col and col.scale_rule, interpret)
     s_enc = jnp.ones((2,), jnp.float32) if s_enc is None else s_enc
     seeds = jnp.zeros((4,), jnp.uint32) if seeds is None else seeds
     a_n, rp, cp = t.padded
@@ -126,31 +127,44 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     return tiled_kernel(compute, ins, in_blocks, outs, blocks, t.grid, interpret)
 
 
-def mxfp8_rows(x3, t: Tiling, scale_rule="rceil", interpret=None):
-    """MXFP8 blocks along C alone, in a form Mosaic GPU lowers for CUDA: each tile is taken
-    32 columns (one block per row) at a time in the WGMMA register layout, where a max
-    along the row is a supported reduction, and quantized by ``mxfp8_blocks`` as the XLA
-    path. The kernel writes the scales of block column k as row k ([A, C/32, R]); they are
-    transposed to [A, R, C/32] after (an XLA pass over 1/32 of the data's bytes).
-    Returns [data [A, R, C], scales [A, R, C/32]], padded."""
+def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, interpret=None):
+    """MXFP8 row copy and/or transposed column copy, in a form Mosaic GPU lowers for CUDA.
+
+    Each tile is taken 32 columns (row copy) or 32 rows (column copy, through a transposed
+    view of the SMEM tile) at a time, in the WGMMA register layout, where a max along the
+    slice's 32 elements is a supported reduction, and quantized by ``mxfp8_blocks`` as the
+    XLA path. Slice k's scales are written as row k ([A, C/32, R] for the row copy, [A,
+    R/32, C] for the column copy) and swapped to the XLA path's layout after (an XLA pass
+    over 1/32 of the data's bytes). Mosaic GPU has no transposed store of 8-bit data, so
+    the column copy comes only transposed ([A, C, R]).
+    Returns [row data, row scales] + [column data, column scales], as ``block_copies``."""
     b = F.BLOCK_SIZES["mxfp8"]
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
+    rules = [r for r in (row_rule, col_rule) if r is not None]
 
-    def compute(_, x_s, data_s, scales_s):
-        for k in range(tc // b):
-            cols = pl.ds(k * b, b)
-            xk = plgpu.load(x_s.at[0, :, cols], layout=plgpu.Layout.WGMMA)
-            data, code = Q.mxfp8_blocks(xk, scale_rule)
-            data_s.at[0, :, cols][...] = data
-            scales_s.at[0, k][...] = code
+    def compute(_, x_s, *out_s):
+        views = [x_s.at[0]] * (row_rule is not None) + [x_s.at[0].transpose((1, 0))] * (col_rule is not None)
+        for rule, view, data_s, scales_s in zip(rules, views, out_s[::2], out_s[1::2]):
+            for k in range(view.shape[1] // b):
+                cols = pl.ds(k * b, b)
+                data, code = Q.mxfp8_blocks(plgpu.load(view.at[:, cols], layout=plgpu.Layout.WGMMA), rule)
+                data_s.at[0, :, cols][...] = data
+                scales_s.at[0, k][...] = code
 
     tile = lambda a, i, j: (a, i, j)  # noqa: E731
-    outs = [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, cp // b, rp), jnp.uint8)]
-    blocks = [Block((1, tr, tc), tile, swizzled(1, b)), Block((1, tc // b, tr), lambda a, i, j: (a, j, i))]
-    data, scales_t = tiled_kernel(compute, [x3], [Block((1, tr, tc), tile, swizzled(x3.dtype.itemsize, b * x3.dtype.itemsize))],
-                                  outs, blocks, t.grid, interpret, by_ref=True)
-    return [data, jnp.swapaxes(scales_t, 1, 2)]
+    swap = lambda a, i, j: (a, j, i)  # noqa: E731
+    outs, blocks = [], []
+    if row_rule is not None:
+        outs += [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, cp // b, rp), jnp.uint8)]
+        blocks += [Block((1, tr, tc), tile, swizzled(1, b)), Block((1, tc // b, tr), swap)]
+    if col_rule is not None:
+        outs += [jax.ShapeDtypeStruct((a_n, cp, rp), F.E4M3), jax.ShapeDtypeStruct((a_n, rp // b, cp), jnp.uint8)]
+        blocks += [Block((1, tc, tr), swap, swizzled(1, b)), Block((1, tr // b, tc), tile)]
+    item = x3.dtype.itemsize
+    out = tiled_kernel(compute, [x3], [Block((1, tr, tc), tile, swizzled(item, b * item))],
+                       outs, blocks, t.grid, interpret, by_ref=True)
+    return [jnp.swapaxes(o, 1, 2) if n % 2 else o for n, o in enumerate(out)]
 
 
 def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, interpret=None):
