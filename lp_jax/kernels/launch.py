@@ -68,6 +68,18 @@ def compiled_kernels() -> Iterator[None]:
         _COMPILED.reset(token)
 
 
+def cuda_lowering_error(fn, *args) -> str | None:
+    """None if ``fn(*args)`` (avals or arrays) lowers for CUDA with its kernels compiled by
+    Mosaic GPU, else the error's type and first line. Mosaic GPU lowers on the host, so
+    this needs no GPU (compiling to a GPU binary does)."""
+    try:
+        with compiled_kernels():
+            jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    except Exception as e:  # noqa: BLE001 - the message is the answer
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
 def interpret_params(interpret: bool | None):
     """Pallas's GPU interpreter off the GPU: ``interpret=None`` runs the kernels compiled
     where JAX's default backend is a GPU (or inside ``compiled_kernels``) and interpreted (on
