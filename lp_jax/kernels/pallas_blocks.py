@@ -13,6 +13,11 @@ Each copy is quantized by ``lp_jax.numerics.quantize``'s own block functions app
 the tile (mxfp8_blocks, nvfp4_blocks, nvfp4_tiles), so the rounding is the XLA path's by
 construction; stochastic rounding draws each element's bits from its place in the layout
 the XLA path indexes (lp_jax/kernels/tiles.py), so the same key gives the same bits.
+
+MXFP8 copies with the column copy transposed (or no column copy) go through
+``mxfp8_copies``, written slice by slice so that Mosaic GPU lowers it for CUDA; the other
+copies (NVFP4, the RHT, an untransposed column copy) through ``block_copies``' whole-tile
+form, which runs in the interpreter but does not lower yet (docs/backends.md).
 """
 from __future__ import annotations
 
