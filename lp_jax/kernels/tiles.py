@@ -3,8 +3,9 @@
 Every kernel sees a 3-D view ``[A, R, C]`` of its tensor (A: a batch of independent
 matrices, e.g. the leading axes of a blocked-along-a-middle-axis tensor) and runs one grid
 point per (a, R-tile, C-tile). Tiles are multiples of 32 on both sides (a whole number of
-MXFP8 and NVFP4 blocks, 16x16 tiles and RHT groups either way); a ragged tensor is
-zero-padded to whole tiles first (zeros change no block's amax and are sliced off after).
+MXFP8 and NVFP4 blocks, 16x16 tiles and RHT groups either way; 64 for MXFP8, whose kernel
+needs 64-row register tiles); a ragged tensor is zero-padded to whole tiles first (zeros
+change no block's amax and are sliced off after).
 """
 from __future__ import annotations
 
