@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from lp_jax.kernels.amax import tensor_amax
 from lp_jax.kernels.pallas_blocks import BlockCopy, block_copies, nvfp4_tile_copy
 from lp_jax.kernels.pallas_fp8 import fp8_cast
-from lp_jax.kernels.tiles import pad, tiling
+from lp_jax.kernels.tiles import TILE_MULTIPLE, WGMMA_TILE_MULTIPLE, pad, tiling
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (NVFP4_BLOCK, QuantizedTensor, nvfp4_tensor_scale,
                                       tensor_scale_fp8)
@@ -66,7 +66,7 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
     nb = -(-n // b)
     last = axis == ndim - 1
     x3 = x.reshape(1, -1, n) if last else x.reshape(math.prod(shape[:axis]), n, math.prod(shape[axis + 1:]))
-    t = tiling(x3.shape)
+    t = tiling(x3.shape, multiple=tile_multiple(fmt))
     xp = pad(x3, t)
     s_enc = None
     if fmt == "nvfp4":
@@ -93,6 +93,11 @@ def _block_copy(spec) -> BlockCopy:
     return BlockCopy(spec.fmt, spec.scale_rule, spec.stochastic, spec.rht)
 
 
+def tile_multiple(fmt):
+    """Tile sides for a block format's kernels (see tiles.WGMMA_TILE_MULTIPLE)."""
+    return WGMMA_TILE_MULTIPLE if fmt == "mxfp8" else TILE_MULTIPLE
+
+
 def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, interpret=None):
     """The 1-D block copies of a 2-D GEMM operand t [R, C] in one read: the row copy
     (blocked along C: a QuantizedTensor with axis 1) and the column copy (blocked along R,
@@ -105,7 +110,7 @@ def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, inte
     if col is not None and col.rht and r % NVFP4_BLOCK:
         t = jnp.pad(t, ((0, -r % NVFP4_BLOCK), (0, 0)))  # exact: the XLA path pads the same
     x3 = t[None]
-    tl = tiling(x3.shape)
+    tl = tiling(x3.shape, multiple=tile_multiple((row or col).fmt))
     xp = pad(x3, tl)
     s_enc = None
     if (row or col).fmt == "nvfp4":

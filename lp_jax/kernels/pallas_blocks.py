@@ -13,6 +13,11 @@ Each copy is quantized by ``lp_jax.numerics.quantize``'s own block functions app
 the tile (mxfp8_blocks, nvfp4_blocks, nvfp4_tiles), so the rounding is the XLA path's by
 construction; stochastic rounding draws each element's bits from its place in the layout
 the XLA path indexes (lp_jax/kernels/tiles.py), so the same key gives the same bits.
+
+MXFP8 copies with the column copy transposed (or no column copy) go through
+``mxfp8_copies``, written slice by slice so that Mosaic GPU lowers it for CUDA; the other
+copies (NVFP4, the RHT, an untransposed column copy) through ``block_copies``' whole-tile
+form, which runs in the interpreter but does not lower yet (docs/backends.md).
 """
 from __future__ import annotations
 
@@ -21,7 +26,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lp_jax.kernels.launch import WHOLE, Block, tiled_kernel
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from lp_jax.kernels.launch import WHOLE, Block, swizzled, tiled_kernel
 from lp_jax.kernels.tiles import Tiling, flat_index, noise_at, round_up
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import quantize as Q
@@ -78,6 +86,9 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     """
     if col is not None and col.rht and t.r % RHT_SIZE:
         raise ValueError(f"the RHT needs R a multiple of {RHT_SIZE}, got {t.r} (zero-pad it first)")
+    specs = [c for c in (row, col) if c is not None]
+    if all(c.fmt == "mxfp8" for c in specs) and (col is None or col_transposed):
+        return mxfp8_copies(x3, t, row and row.scale_rule, col and col.scale_rule, interpret)
     s_enc = jnp.ones((2,), jnp.float32) if s_enc is None else s_enc
     seeds = jnp.zeros((4,), jnp.uint32) if seeds is None else seeds
     a_n, rp, cp = t.padded
@@ -89,12 +100,12 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
         out = []
         if row is not None:
             first = (a * t.r + i * tr, j * tc)
-            data, scales = _copy(row, x, s_enc[0], seeds[:2], first, round_up(t.c, row.block))
+            data, scales = _copy(row, x, s_enc[0], (seeds[0], seeds[1]), first, round_up(t.c, row.block))
             out += [data[None], scales[None]]
         if col is not None:
             xc = hadamard(x, axis=0) if col.rht else x  # RHT along R, as the XLA path's
             first = (a * t.c + j * tc, i * tr)
-            data, scales = _copy(col, xc.T, s_enc[1], seeds[2:], first, round_up(t.r, col.block))
+            data, scales = _copy(col, xc.T, s_enc[1], (seeds[2], seeds[3]), first, round_up(t.r, col.block))
             out += [data[None], scales[None]] if col_transposed else [data.T[None], scales.T[None]]
         return out
 
@@ -119,6 +130,46 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     ins = [x3, s_enc, seeds]
     in_blocks = [Block((1, tr, tc), tile), WHOLE, WHOLE]
     return tiled_kernel(compute, ins, in_blocks, outs, blocks, t.grid, interpret)
+
+
+def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, interpret=None):
+    """MXFP8 row copy and/or transposed column copy, in a form Mosaic GPU lowers for CUDA.
+
+    Each tile is taken 32 columns (row copy) or 32 rows (column copy, through a transposed
+    view of the SMEM tile) at a time, in the WGMMA register layout, where a max along the
+    slice's 32 elements is a supported reduction, and quantized by ``mxfp8_blocks`` as the
+    XLA path. Slice k's scales are written as row k ([A, C/32, R] for the row copy, [A,
+    R/32, C] for the column copy) and swapped to the XLA path's layout after (an XLA pass
+    over 1/32 of the data's bytes). Mosaic GPU has no transposed store of 8-bit data, so
+    the column copy comes only transposed ([A, C, R]).
+    Returns [row data, row scales] + [column data, column scales], as ``block_copies``."""
+    b = F.BLOCK_SIZES["mxfp8"]
+    a_n, rp, cp = t.padded
+    tr, tc = t.tr, t.tc
+    rules = [r for r in (row_rule, col_rule) if r is not None]
+
+    def compute(_, x_s, *out_s):
+        views = [x_s.at[0]] * (row_rule is not None) + [x_s.at[0].transpose((1, 0))] * (col_rule is not None)
+        for rule, view, data_s, scales_s in zip(rules, views, out_s[::2], out_s[1::2]):
+            for k in range(view.shape[1] // b):
+                cols = pl.ds(k * b, b)
+                data, code = Q.mxfp8_blocks(plgpu.load(view.at[:, cols], layout=plgpu.Layout.WGMMA), rule)
+                data_s.at[0, :, cols][...] = data
+                scales_s.at[0, k][...] = code
+
+    tile = lambda a, i, j: (a, i, j)  # noqa: E731
+    swap = lambda a, i, j: (a, j, i)  # noqa: E731
+    outs, blocks = [], []
+    if row_rule is not None:
+        outs += [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, cp // b, rp), jnp.uint8)]
+        blocks += [Block((1, tr, tc), tile, swizzled(1, b)), Block((1, tc // b, tr), swap)]
+    if col_rule is not None:
+        outs += [jax.ShapeDtypeStruct((a_n, cp, rp), F.E4M3), jax.ShapeDtypeStruct((a_n, rp // b, cp), jnp.uint8)]
+        blocks += [Block((1, tc, tr), swap, swizzled(1, b)), Block((1, tr // b, tc), tile)]
+    item = x3.dtype.itemsize
+    out = tiled_kernel(compute, [x3], [Block((1, tr, tc), tile, swizzled(item, b * item))],
+                       outs, blocks, t.grid, interpret, by_ref=True)
+    return [jnp.swapaxes(o, 1, 2) if n % 2 else o for n, o in enumerate(out)]
 
 
 def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, interpret=None):

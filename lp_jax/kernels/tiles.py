@@ -3,8 +3,9 @@
 Every kernel sees a 3-D view ``[A, R, C]`` of its tensor (A: a batch of independent
 matrices, e.g. the leading axes of a blocked-along-a-middle-axis tensor) and runs one grid
 point per (a, R-tile, C-tile). Tiles are multiples of 32 on both sides (a whole number of
-MXFP8 and NVFP4 blocks, 16x16 tiles and RHT groups either way); a ragged tensor is
-zero-padded to whole tiles first (zeros change no block's amax and are sliced off after).
+MXFP8 and NVFP4 blocks, 16x16 tiles and RHT groups either way; 64 for MXFP8, whose kernel
+needs 64-row register tiles); a ragged tensor is zero-padded to whole tiles first (zeros
+change no block's amax and are sliced off after).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from lp_jax.numerics import formats as F
 
 MAX_TILE = 128  # a 128x128 bf16 tile is 32 KiB of SMEM; outputs need at most as much again
 TILE_MULTIPLE = 32  # the MXFP8 block; a multiple of NVFP4's 16
+# The MXFP8 kernels hold a tile's 32-wide slices in the WGMMA register layout, whose rows
+# come in 64s (Mosaic GPU: "Tiling ((64, 8), ...) does not apply to shape (96, 32)").
+WGMMA_TILE_MULTIPLE = 64
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -40,9 +44,9 @@ class Tiling:
         return (self.a, self.grid[1] * self.tr, self.grid[2] * self.tc)
 
 
-def tiling(shape3, max_tile: int = MAX_TILE) -> Tiling:
+def tiling(shape3, max_tile: int = MAX_TILE, multiple: int = TILE_MULTIPLE) -> Tiling:
     a, r, c = shape3
-    side = lambda n: min(max_tile, round_up(max(n, 1), TILE_MULTIPLE))  # noqa: E731
+    side = lambda n: min(max_tile, round_up(max(n, 1), multiple))  # noqa: E731
     return Tiling(a, r, c, side(r), side(c))
 
 

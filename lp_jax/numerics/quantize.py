@@ -97,7 +97,19 @@ def quantize_per_tensor(x, dtype, amax=None):
     """Returns (data, scale_inv). ``amax`` may be given (e.g. reduced across shards)."""
     amax = abs_max(x) if amax is None else amax
     scale = tensor_scale_fp8(amax, F.max_of(dtype))
-    return F.cast_satfinite(x.astype(jnp.float32) * scale, dtype), F.recip(scale)
+    return scale_cast_fp8(x, scale, dtype), F.recip(scale)
+
+
+def scale_cast_fp8(x, scale, dtype):
+    """FP8-CS data: x * scale in float32, rounded to ``dtype`` with saturation (the Pallas
+    cast kernel calls it on each tile with the scale read from SMEM)."""
+    return F.cast_satfinite(x.astype(jnp.float32) * scale, dtype)
+
+
+def along_blocks(v, shape):
+    """v [..., n] broadcast along the block axis to ``shape`` [..., n, block] in one step (a
+    Pallas kernel's Mosaic GPU lowering has no layout for the [..., n, 1] intermediate)."""
+    return lax.broadcast_in_dim(v, shape, tuple(range(v.ndim)))
 
 
 def mxfp8_blocks(xb, scale_rule="rceil"):
@@ -106,7 +118,7 @@ def mxfp8_blocks(xb, scale_rule="rceil"):
     code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
     # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
     k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
-    data = F.cast_satfinite(F.mul_exp2(xb, k[..., None]), F.E4M3)
+    data = F.cast_satfinite(F.mul_exp2(xb, along_blocks(k, xb.shape)), F.E4M3)
     return data, code
 
 
