@@ -46,6 +46,10 @@ class Recipe:
     # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
     backend: str = "auto"
+    # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
+    # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
+    # weight (lp_jax/gemm/param_gather.py); the same values either way. No effect on BF16 GEMMs.
+    param_gather: bool = True
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
     fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
@@ -59,6 +63,8 @@ class Recipe:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
+        if not isinstance(self.param_gather, bool):
+            raise ValueError(f"param_gather={self.param_gather!r} must be true or false")
         for gemm_operand, spec in self._operands().items():
             object.__setattr__(self, gemm_operand, spec)
         backends.check_backend(self)

@@ -35,6 +35,10 @@ class PrecisionConfig:
     # compiled: for CUDA cuBLASLt FP8 GEMMs for fp8_cs and cuDNN block-scaled GEMMs for mxfp8
     # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4).
     backend: str = "auto"
+    # FSDP all-gathers of quantized Linears' weights move their FP8/FP4 bytes and scales
+    # (quantized from each device's FP32 master shard; the same values as gathering first).
+    # None keeps the recipe's default, true; false gathers the BF16 weight (docs/scaling.md).
+    param_gather: Optional[bool] = None
 
     def overrides(self) -> dict:
         """The keyword overrides for get_recipe: only the fields that were set."""
