@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from lp_jax.gemm.operands import PER_TENSOR, quantize_kwargs, shares_bytes
+from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import abs_max, quantize
 
@@ -44,16 +44,17 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def gathered_dim(layout) -> int:
-    """The kernel dimension FSDP shards (the one the all-gather rebuilds)."""
-    dims = [d for d, entry in enumerate(layout) if FSDP in _axes(entry)]
-    if len(dims) != 1:
-        raise ValueError(f"param_gather needs a kernel layout with one dimension on {FSDP!r}, got {layout}")
+    """The kernel dimension sharded over (only) the fsdp axis: the one the gather rebuilds."""
+    dims = [d for d, entry in enumerate(layout) if entry == FSDP]
+    if len(dims) != 1 or len(layout) != 2:
+        raise ValueError(f"param_gather needs a 2-D kernel layout with one dimension on {FSDP!r} "
+                         f"alone, got {layout}")
     return dims[0]
 
 
 def _gathered_layout(layout):
-    """The layout after the gather: the FSDP dimension whole, the rest as it was."""
-    return tuple(None if FSDP in _axes(e) else e for e in layout)
+    """The layout after the gather: the fsdp dimension whole, the other as it was."""
+    return tuple(None if e == FSDP else e for e in layout)
 
 
 def _mesh():
@@ -125,6 +126,17 @@ def _size(mesh, entry) -> int:
     return size
 
 
+def _check_whole_blocks(recipe, local_shape, global_shape):
+    """A block split across shards would get other scales than the unsharded recipe's: refuse
+    (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
+    for spec, axis in ((recipe.fprop_w, 0), (recipe.dgrad_w, 1)):
+        block = F.FORMAT_SPECS[spec.fmt].block
+        for a in ((0, 1) if spec.block_2d else (axis,)):
+            if block and local_shape[a] != global_shape[a] and local_shape[a] % block:
+                raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "
+                                 f"{spec.fmt} blocks of {block} along axis {a}")
+
+
 def _specs(tree, layout):
     """shard_map specs of a QuantizedTensor tree: arrays laid out like the weight (block
     scales follow their data), scalars (tensor scales) replicated."""
@@ -147,6 +159,7 @@ def forward(recipe, layout, w, compute_dtype):
     dim = gathered_dim(layout)
     sharded_axes = tuple(a for e in layout for a in _axes(e))
     local = jax.ShapeDtypeStruct(tuple(n // _size(mesh, e) for n, e in zip(w.shape, layout)), compute_dtype)
+    _check_whole_blocks(recipe, local.shape, w.shape)
     fq_shape, dq_shape = jax.eval_shape(lambda t: _copies(recipe, t, ()), local)
 
     def body(w_local):
