@@ -6,7 +6,8 @@ Linears get a gather layout (quantized ones, by the partitioning rules; the stat
 untouched). In subprocesses with 8 forced CPU devices: on meshes (1,8,1), (2,4,1),
 (2,2,2), for column- and row-parallel kernels, the gathered bytes and scales equal
 ``lp_jax.quantize`` of the whole BF16 weight bit for bit, and y, dx equal the
-partitioner-gathered GEMM's bit for bit, dW to FP32 summation order; (slow) the trainer's
+partitioner-gathered GEMM's bit for bit, dW to FP32 summation order (on (2,2,2) also
+lowered for CUDA, where the xla_fp8/cudnn GEMMs take the gathered operands); (slow) the trainer's
 first step equals param_gather off, with FP8/FP4 bytes in the compiled all-gathers and one
 scalar all-reduce(max) per tensor amax; (slow) a checkpoint crosses param_gather on/off.
 """
@@ -95,7 +96,7 @@ def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
 
 
 GEMMS = r'''
-import json, sys
+import json, re, sys
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import lp_jax as lp
@@ -112,6 +113,7 @@ w[5, 250] = 3.0  # the tensor amax lives on one shard
 dn = (((1,), (0,)), ((), ()))
 LAYOUTS = (("fsdp", "tensor"), ("tensor", "fsdp"))  # column- and row-parallel kernels [K, N]
 failures, checked = [], 0
+cuda = sys.argv[1] == "cuda"
 
 def leaves_equal(a, b):
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
@@ -119,7 +121,7 @@ def leaves_equal(a, b):
         p.dtype == q.dtype and np.array_equal(np.atleast_1d(np.asarray(p)).view(np.uint8),
                                               np.atleast_1d(np.asarray(q)).view(np.uint8)) for p, q in zip(la, lb))
 
-for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[1:]]:
+for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
     mesh = make_mesh(*sizes)
     for name in ("fp8_cs", "mxfp8", "nvfp4"):
         r = lp.get_recipe(name, first_bf16_layers=0, last_bf16_layers=0)
@@ -165,6 +167,11 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[1:]]:
             gw0, gw1 = np.asarray(gw0), np.asarray(gw1)
             if np.abs(gw1 - gw0).max() > 1e-5 * np.abs(gw0).max():
                 failures.append(f"{tag}: dW differs beyond FP32 summation order")
+        if cuda:  # the GPU backends (xla_fp8, cudnn) take the gathered operands: lowered for CUDA
+            module = jax.jit(grads).trace(x, w, w).lower(lowering_platforms=("cuda",)).as_text()
+            wire = re.findall(r'"stablehlo\.all_gather".* : \(tensor<(?:\d+x)*(\w+)>\)', module)
+            if wire != ["ui8"] * (2 * (1 if name == "fp8_cs" else 2) * 2):  # fwd + bwd, 2 layouts
+                failures.append(f"{name} {sizes}: CUDA lowering gathers {wire}")
 print(json.dumps({"checked": checked, "failures": failures}))
 '''
 
@@ -172,7 +179,7 @@ print(json.dumps({"checked": checked, "failures": failures}))
 @pytest.mark.parametrize("mesh", [pytest.param(m, marks=[] if m == (2, 2, 2) else [pytest.mark.slow])
                                   for m in MESHES], ids=lambda m: "x".join(map(str, m)))
 def test_gathered_bytes_and_gemms_equal_the_unsharded_recipe(mesh):
-    out = _subprocess(["-c", GEMMS, ",".join(map(str, mesh))])
+    out = _subprocess(["-c", GEMMS, "cuda" if mesh == (2, 2, 2) else "-", ",".join(map(str, mesh))])
     result = json.loads(out.strip().splitlines()[-1])
     assert result["checked"] == 3 * 2, result  # 3 recipes x column- and row-parallel
     assert result["failures"] == [], result["failures"]
