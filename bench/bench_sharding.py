@@ -116,7 +116,8 @@ def weight_gather_row(sizes, name, param_gather, seq_len, micro, global_batch):
     layers = [g for g in gathers if g not in head]
     quantized = recipe.quantized and param_gather
     moved = f"u8: {_CODES[recipe.fprop_w.fmt]}" if quantized else "/".join(sorted({g["wire"] for g in layers}))
-    return {"mesh": r["mesh"], "recipe": f"{name}, param_gather {'on' if param_gather else 'off'}",
+    label = f"{name}, param_gather {'on' if param_gather else 'off'}" if recipe.quantized else name
+    return {"mesh": r["mesh"], "recipe": label,
             "moved": moved, "layers": sum(g["bytes"] for g in layers), "head": sum(g["bytes"] for g in head),
             "all_gather": r["all-gather"], "total": sum(r[k] for k in KINDS), "compile_s": r["compile_s"]}
 

@@ -117,28 +117,31 @@ def _instructions(comps) -> dict[str, tuple[str, str, str]]:
 
 
 def _wire_dtype(operand: str, table, comps) -> str | None:
-    """The narrowest element type on the chain of converts and layout ops that produces an
-    all-gather's operand (following one fusion into its computation): XLA:CPU widens bf16
-    all-gathers to f32 and FP8 ones to f16 by converting just before the collective, so the
-    information moved has the narrow type (what a GPU program gathers)."""
-    seen = []
-    name, steps = operand, 0
-    while name in table and steps < 16:
+    """The element type an all-gather's operand had before XLA:CPU widened it: XLA:CPU
+    gathers bf16 as f32 and FP8 as f16 by converting right before the collective. Follows
+    the operand back through layout ops (and into a fusion's root) to the nearest convert,
+    and returns that convert's source type (None if there is none)."""
+    name = operand
+    for _ in range(16):
+        if name not in table:
+            return None
         shape, op, rest = table[name]
-        seen += _ARRAY.findall(shape)[:1]
-        steps += 1
         if op == "fusion":
             callee = re.search(r"calls=%?([\w.\-]+)", rest)
             root = next((ln for ln in comps.get(callee.group(1), ()) if "ROOT" in ln), None) if callee else None
             m = _INSTR.match(root) if root else None
-            name = m.group(1) if m else None
+            if m is None:
+                return None
+            name = m.group(1)
             continue
-        if op not in _LAYOUT_OPS:
-            break
         operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
-        name = operands[0] if operands else None
-    floats = [d for d, _ in seen if d in _BYTES and not d.startswith(("s", "u", "pred"))]
-    return min(floats, key=lambda d: _BYTES[d]) if floats else None
+        if op == "convert" and operands and operands[0] in table:
+            source = _ARRAY.findall(table[operands[0]][0])
+            return source[0][0] if source else None
+        if op not in _LAYOUT_OPS or not operands:
+            return None
+        name = operands[0]
+    return None
 
 
 def all_gathers(text: str) -> list[dict]:

@@ -110,6 +110,8 @@ x = rng.standard_normal((64, 512)).astype(np.float32)
 # [K, N]: every shard whole MXFP8 blocks and NVFP4 tiles along both axes on every mesh
 w = (rng.standard_normal((512, 256)) * 0.05).astype(np.float32)
 w[5, 250] = 3.0  # the tensor amax lives on one shard
+w_nan = w.copy()
+w_nan[300, 7] = np.nan  # a NaN on one shard makes the tensor scale 1, as unsharded
 dn = (((1,), (0,)), ((), ()))
 LAYOUTS = (("fsdp", "tensor"), ("tensor", "fsdp"))  # column- and row-parallel kernels [K, N]
 failures, checked = [], 0
@@ -125,9 +127,6 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
     mesh = make_mesh(*sizes)
     for name in ("fp8_cs", "mxfp8", "nvfp4"):
         r = lp.get_recipe(name, first_bf16_layers=0, last_bf16_layers=0)
-        wc = jnp.asarray(w).astype(jnp.bfloat16)
-        want_f = lp.quantize(wc, r.fprop_w.fmt, axis=0, **quantize_kwargs(r.fprop_w))
-        want_d = lp.quantize(wc, r.dgrad_w.fmt, axis=1, **quantize_kwargs(r.dgrad_w))
         shard = lambda layout: NamedSharding(mesh, P(*layout))
 
         def both(w_col, w_row):
@@ -138,11 +137,16 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
                     out.append((fq, param_gather.backward(layout, dq)))
                 return out
 
-        got = jax.jit(both, in_shardings=(shard(LAYOUTS[0]), shard(LAYOUTS[1])))(w, w)
-        for layout, (fq, bq) in zip(LAYOUTS, got):
-            checked += 1
-            if not (leaves_equal(fq, want_f) and leaves_equal(bq, want_d)):
-                failures.append(f"{name} {sizes} {layout}: gathered bytes differ from quantize(w)")
+        for weight in (w, w_nan):
+            wc = jnp.asarray(weight).astype(jnp.bfloat16)
+            want_f = lp.quantize(wc, r.fprop_w.fmt, axis=0, **quantize_kwargs(r.fprop_w))
+            want_d = lp.quantize(wc, r.dgrad_w.fmt, axis=1, **quantize_kwargs(r.dgrad_w))
+            got = jax.jit(both, in_shardings=(shard(LAYOUTS[0]), shard(LAYOUTS[1])))(weight, weight)
+            for layout, (fq, bq) in zip(LAYOUTS, got):
+                checked += 1
+                if not (leaves_equal(fq, want_f) and leaves_equal(bq, want_d)):
+                    failures.append(f"{name} {sizes} {layout} {'NaN ' if weight is w_nan else ''}weight: "
+                                    "gathered bytes differ from quantize(w)")
 
         def grads(x, w_col, w_row):
             out = []
@@ -181,7 +185,7 @@ print(json.dumps({"checked": checked, "failures": failures}))
 def test_gathered_bytes_and_gemms_equal_the_unsharded_recipe(mesh):
     out = _subprocess(["-c", GEMMS, "cuda" if mesh == (2, 2, 2) else "-", ",".join(map(str, mesh))])
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["checked"] == 3 * 2, result  # 3 recipes x column- and row-parallel
+    assert result["checked"] == 3 * 2 * 2, result  # 3 recipes x column-, row-parallel x 2 weights
     assert result["failures"] == [], result["failures"]
 
 

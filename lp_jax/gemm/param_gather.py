@@ -112,6 +112,9 @@ def _copies(recipe, wc, sharded_axes):
     if F.FORMAT_SPECS[fprop.fmt].tensor_scale or F.FORMAT_SPECS[dgrad.fmt].tensor_scale:
         amax = abs_max(wc)
         if sharded_axes:
+            # A NaN amax must win as it does in jnp.max, but XLA's all-reduce(max) may drop
+            # it; as +inf it wins and gives the same tensor scale (1, for NaN and inf alike).
+            amax = jnp.where(jnp.isnan(amax), jnp.float32(jnp.inf), amax)
             amax = lax.pmax(amax, sharded_axes)  # one scalar all-reduce(max)
     fq = quantize(wc, fprop.fmt, axis=0, tensor_amax=amax, **quantize_kwargs(fprop))
     if shares_bytes(fprop, dgrad):  # per-tensor FP8, NVFP4's 16x16 tiles: one copy for both

@@ -243,8 +243,10 @@ def _with_recipe(model, phase: Phase, say, mesh) -> Any:
     from lp_jax.training.weight_gather import set_weight_gathers
 
     report = lp_jax.apply_recipe(model, phase.recipe)
-    set_weight_gathers(model, dict(mesh.shape))
+    gathered = set_weight_gathers(model, dict(mesh.shape))
     say(str(report).splitlines()[0])
+    if gathered:
+        say(f"precision.param_gather: {len(gathered)} Linears all-gather their quantized weight bytes over fsdp")
     if phase.recipe.quantized and not report.quantized:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]
