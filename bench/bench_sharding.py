@@ -39,12 +39,13 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
-from bench.hlo_collectives import KINDS, collective_bytes  # noqa: E402
+from bench.hlo_collectives import KINDS, all_gathers, collective_bytes  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
+from lp_jax.training.weight_gather import set_weight_gathers  # noqa: E402
 from models import llama  # noqa: E402
 
 MESHES = ((8, 1, 1), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1), (1, 8, 8), (8, 1, 8))
@@ -68,6 +69,7 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
     cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
     model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe))
+    set_weight_gathers(model, dict(mesh.shape))  # precision.param_gather, as the trainer sets it
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OPTIMIZER)
     target = abstract_state((graphdef, params, rest), tx, 0)
@@ -91,7 +93,51 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
     opt = device_bytes(target["opt_state"], shardings["opt_state"])
     return {"mesh": f"{data}x{fsdp}x{tensor}", "devices": data * fsdp * tensor, "accum": accum,
             "params": device_bytes(target["params"], shardings["params"]), "adam": opt,
-            **collectives, "temp": temp, "compile_s": seconds}
+            **collectives, "temp": temp, "compile_s": seconds, "hlo": compiled.as_text(),
+            "vocab": cfg.vocab_size}
+
+
+# ------------------------------------------------ precision.param_gather (docs/scaling.md)
+# BF16 (the partitioner's gather), FP8-CS with param_gather off (the same BF16 gather), then
+# each quantized recipe with it on. Policy F0L0: every layer quantized, so every layer-weight
+# gather is a quantized one and the ratio to BF16 is per gathered weight.
+GATHER_RUNS = (("bf16", True), ("fp8_cs", False), ("fp8_cs", True), ("mxfp8", True), ("nvfp4", True))
+_CODES = {"fp8_e4m3": "E4M3", "mxfp8": "E4M3 + E8M0 scales", "nvfp4": "E2M1 (2 per byte) + E4M3 scales"}
+
+
+def weight_gather_row(sizes, name, param_gather, seq_len, micro, global_batch):
+    """One row: the layer weights' all-gather bytes per device per step (forward and
+    backward, at the type the data has before XLA:CPU widens it), their types, the LM head's
+    and the compiled step's totals."""
+    recipe = lp_jax.get_recipe(name, policy="F0L0", param_gather=param_gather)
+    r = measure(sizes, recipe, seq_len, micro, global_batch)
+    gathers = [g for g in all_gathers(r["hlo"]) if not g["wire"].startswith(("s", "u32", "pred"))]
+    head = [g for g in gathers if str(r["vocab"]) in g["shape"]]
+    layers = [g for g in gathers if g not in head]
+    quantized = recipe.quantized and param_gather
+    moved = f"u8: {_CODES[recipe.fprop_w.fmt]}" if quantized else "/".join(sorted({g["wire"] for g in layers}))
+    label = f"{name}, param_gather {'on' if param_gather else 'off'}" if recipe.quantized else name
+    return {"mesh": r["mesh"], "recipe": label,
+            "moved": moved, "layers": sum(g["bytes"] for g in layers), "head": sum(g["bytes"] for g in head),
+            "all_gather": r["all-gather"], "total": sum(r[k] for k in KINDS), "compile_s": r["compile_s"]}
+
+
+def print_weight_gathers(meshes, seq_len, micro, global_batch) -> None:
+    rows = []
+    for sizes in meshes:
+        bf16 = None
+        for name, param_gather in GATHER_RUNS:
+            g = weight_gather_row(sizes, name, param_gather, seq_len, micro, global_batch)
+            bf16 = bf16 or g["layers"]
+            rows.append([g["mesh"], g["recipe"], g["moved"], f"{g['layers'] / GB:.2f}",
+                         f"{g['layers'] / bf16:.3f}", f"{g['head'] / GB:.2f}", f"{g['all_gather'] / GB:.2f}",
+                         f"{g['total'] / GB:.2f}", f"{g['compile_s']:.0f}"])
+            print(f"  compiled {g['mesh']} {g['recipe']} in {g['compile_s']:.0f} s", flush=True)
+    print_table(["mesh d x f x t", "recipe (F0L0)", "layer weights gathered as", "layer-weight all-gather GB",
+                 "x BF16", "LM head all-gather GB", "all-gather GB (compiled)", "all collectives GB (compiled)",
+                 "compile s"], rows,
+                title=f"llama3_8b FSDP weight all-gathers, sequence {seq_len}, micro-batch {micro} per rank, "
+                      f"global batch {global_batch}: bytes per device per optimizer step, forward and backward")
 
 
 def main() -> None:
@@ -103,8 +149,16 @@ def main() -> None:
     parser.add_argument("--remat", default="none", choices=llama.REMAT_POLICIES)
     parser.add_argument("--meshes", nargs="*", default=[",".join(map(str, m)) for m in MESHES],
                         help="data,fsdp,tensor triples")
+    parser.add_argument("--param-gather", action="store_true",
+                        help="the weight all-gather table (precision.param_gather) for the meshes "
+                             "(default 1,8,1 1,64,1) instead of the per-mesh table")
     args = parser.parse_args()
     print(platform_line())
+    if args.param_gather:
+        meshes = [(1, 8, 1), (1, 64, 1)] if args.meshes == parser.get_default("meshes") else \
+            [tuple(int(v) for v in m.split(",")) for m in args.meshes]
+        print_weight_gathers(meshes, args.seq_len, args.micro_batch, args.global_batch)
+        return
     rows = []
     for text in args.meshes:
         sizes = tuple(int(v) for v in text.split(","))

@@ -102,6 +102,73 @@ def collective_bytes(text: str) -> dict[str, int]:
     return out
 
 
+_LAYOUT_OPS = ("convert", "bitcast", "copy", "transpose", "reshape")
+
+
+def _instructions(comps) -> dict[str, tuple[str, str, str]]:
+    """{instruction name: (shape, opcode, rest of the line)} over all computations."""
+    table = {}
+    for lines in comps.values():
+        for line in lines:
+            m = _INSTR.match(line)
+            if m:
+                table[m.group(1)] = (m.group(2), m.group(3), m.group(4))
+    return table
+
+
+def _wire_dtype(operand: str, table, comps) -> str | None:
+    """The element type an all-gather's operand had before XLA:CPU widened it: XLA:CPU
+    gathers bf16 as f32 and FP8 as f16 by converting right before the collective. Follows
+    the operand back through layout ops (and into a fusion's root) to the nearest convert,
+    and returns that convert's source type (None if there is none)."""
+    name = operand
+    for _ in range(16):
+        if name not in table:
+            return None
+        shape, op, rest = table[name]
+        if op == "fusion":
+            callee = re.search(r"calls=%?([\w.\-]+)", rest)
+            root = next((ln for ln in comps.get(callee.group(1), ()) if "ROOT" in ln), None) if callee else None
+            m = _INSTR.match(root) if root else None
+            if m is None:
+                return None
+            name = m.group(1)
+            continue
+        operands = re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0])
+        if op == "convert" and operands and operands[0] in table:
+            source = _ARRAY.findall(table[operands[0]][0])
+            return source[0][0] if source else None
+        if op not in _LAYOUT_OPS or not operands:
+            return None
+        name = operands[0]
+    return None
+
+
+def all_gathers(text: str) -> list[dict]:
+    """Every all-gather of a compiled module: its element type, shape, the element type its
+    data has before XLA:CPU's widening (``wire``), and the operand bytes per device per
+    execution at that type (times the loops' trip counts, as ``collective_bytes``)."""
+    comps, entry = _computations(text)
+    table = _instructions(comps)
+    mult = _multipliers(comps, entry)
+    out = []
+    for comp, lines in comps.items():
+        for line in lines:
+            m = _INSTR.match(line)
+            if not m or m.group(3) not in ("all-gather", "all-gather-start"):
+                continue
+            operand = re.findall(r"%([\w.\-]+)", m.group(4).split(")", 1)[0])[0]
+            dtype, dims = _ARRAY.findall(table[operand][0])[0]
+            wire = dtype
+            if dtype in ("f32", "f16"):
+                narrow = _wire_dtype(operand, table, comps)
+                wire = narrow if narrow and _BYTES[narrow] < _BYTES[dtype] else dtype
+            count = math.prod(int(d) for d in dims.split(",") if d)
+            out.append({"dtype": dtype, "wire": wire, "shape": m.group(2).split("{")[0],
+                        "bytes": _BYTES[wire] * count * mult.get(comp, 0)})
+    return out
+
+
 def trip_counts(text: str) -> list[int]:
     """The known trip counts of the module's while loops (for the table's notes)."""
     return [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"', text)]

@@ -54,6 +54,10 @@ class Recipe:
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
     # lp_jax/kernels; the same bits) or "auto" (xla until a GPU measures Pallas faster).
     quantize_impl: str = "auto"
+    # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
+    # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
+    # weight (lp_jax/gemm/param_gather.py); the same values either way. No effect on BF16 GEMMs.
+    param_gather: bool = True
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
     fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
@@ -73,6 +77,8 @@ class Recipe:
                 not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):
             raise ValueError(f"bf16_layers={layers!r} must be a list of non-negative layer indices")
         object.__setattr__(self, "bf16_layers", tuple(sorted(set(layers))))
+        if not isinstance(self.param_gather, bool):
+            raise ValueError(f"param_gather={self.param_gather!r} must be true or false")
         for gemm_operand, spec in self._operands().items():
             object.__setattr__(self, gemm_operand, dataclasses.replace(spec, quantize_impl=self.quantize_impl))
         backends.check_backend(self)

@@ -47,17 +47,28 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
+def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
+    """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
+    ``recipe`` with every Linear quantized (F0L0), precision.param_gather as given."""
+    from lp_jax.training.weight_gather import set_weight_gathers
+
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
     mesh = make_mesh(*mesh_sizes)
     spec = StepSpec(OPTIMIZER, 1, mesh)
     tx = make_optimizer(OPTIMIZER)
-    build = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
-    model = nnx.eval_shape(build)
-    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0))
+    build_model = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
+    model = nnx.eval_shape(build_model)
+    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
+                                                 param_gather=param_gather))
+    set_weight_gathers(model, dict(mesh.shape))
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
-    state = state_lib.init_state(build, tx, 0, state_shardings(target, mesh))
+    state = state_lib.init_state(build_model, tx, 0, state_shardings(target, mesh))
+    return cfg, graphdef, spec, state, mesh
+
+
+def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
+    cfg, graphdef, spec, state, mesh = build(recipe, dtype, mesh_sizes)
     if perturb == "ulp":  # one FP32 ulp up on a random half of the master weights
         rng = np.random.default_rng(1)
         state["params"] = jax.tree.map(

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from lp_jax import context
-from lp_jax.gemm import backends
+from lp_jax.gemm import backends, param_gather
 from lp_jax.gemm.operands import operand, operand_pair, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
@@ -51,6 +51,7 @@ class _GemmConfig:
     w_dtype: jnp.dtype  # dtype of the kernel as passed in: the weight gradient comes back in it
     out_dtype: jnp.dtype  # y: the activation dtype, or preferred_element_type
     x_dtype: jnp.dtype  # activations: the compute dtype of all three GEMMs and of dx
+    gather: tuple | None = None  # the kernel's mesh layout when FSDP gathers quantized bytes
 
 
 def _needs_key(recipe: Recipe) -> bool:
@@ -69,7 +70,6 @@ def _gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
 
 def _forward(cfg, x, w, key_data):
     r = cfg.recipe
-    wc = w.astype(x.dtype)  # the BF16 cast of the FP32 master: every recipe quantizes from it
     share_x, share_w = shares_bytes(r.fprop_x, r.wgrad_x), shares_bytes(r.fprop_w, r.dgrad_w)
     # Only copies the backward keeps are packed here, in a layout every backend reads; the
     # others are quantized inside the GEMM by the backend that runs it.
@@ -78,10 +78,12 @@ def _forward(cfg, x, w, key_data):
         fx = wgrad_x = stored(x, r.fprop_x, axis=1)
     else:
         fx, wgrad_x = operand_pair(x, r.fprop_x, 1, r.wgrad_x, 0, keep_b=True)
-    if share_w:
-        fw = dgrad_w = stored(wc, r.fprop_w, axis=0)
+    if param_gather.applies(r, cfg.gather):  # FSDP: each shard quantized, the bytes gathered; dgrad_w stays sharded
+        fw, dgrad_w = param_gather.forward(r, cfg.gather, w, x.dtype)
+    elif share_w:
+        fw = dgrad_w = stored(w.astype(x.dtype), r.fprop_w, axis=0)
     else:
-        fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
+        fw, dgrad_w = operand_pair(w.astype(x.dtype), r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
     y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
     return y, (wgrad_x, dgrad_w, key_data)
 
@@ -89,6 +91,8 @@ def _forward(cfg, x, w, key_data):
 def _linear_bwd(cfg, res, dy):
     r = cfg.recipe
     wgrad_x, dgrad_w, key_data = res
+    if param_gather.applies(r, cfg.gather):  # ZeRO-3: the weight is gathered again for dgrad
+        dgrad_w = param_gather.backward(cfg.gather, dgrad_w)
     key = jax.random.wrap_key_data(key_data) if key_data is not None else None
     sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
     if shares_bytes(r.dgrad_dy, r.wgrad_dy):
@@ -115,6 +119,10 @@ class LowPrecisionDotGeneral:
     """
 
     recipe: Recipe
+    # The kernel's mesh layout (e.g. ("fsdp", "tensor")), set by the trainer for FSDP:
+    # with recipe.param_gather the weight's quantized bytes are all-gathered
+    # (lp_jax/gemm/param_gather.py). None: the partitioner gathers the BF16 weight.
+    gather: tuple | None = None
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
@@ -142,8 +150,11 @@ class LowPrecisionDotGeneral:
             raise ValueError(f"lp_jax.dot_general needs floating inputs, got {x2.dtype}")
         key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
         out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
+        if self.gather is not None and (rhs.ndim != 2 or rc != (0,)):
+            raise ValueError(f"param_gather needs a Linear kernel [in, out] contracted over its first "
+                             f"axis, got shape {rhs.shape} contracted over {rc}")
         cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe), backends.native_backend(self.recipe),
-                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype))
+                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather)
         return _linear(cfg, x2, w2, key_data).reshape(out_shape)
 
 

@@ -231,7 +231,7 @@ def _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
 
 
 def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
-             scale_rule="rceil", impl="xla") -> QuantizedTensor:
+             scale_rule="rceil", impl="xla", tensor_amax=None) -> QuantizedTensor:
     """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
 
     fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
@@ -240,6 +240,8 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
     impl: "xla" (this module), "pallas" (the Pallas kernels of lp_jax/kernels, the same bits;
     interpreted on CPU) or "auto" (xla until a GPU measures the kernels faster).
+    tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
+    shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
     """
     _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
     x = jnp.asarray(x)
@@ -247,17 +249,19 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     axis = axis % ndim if ndim else 0
     xf = x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)  # kernels upcast in-fusion
     if kernels.resolve(impl) == "pallas":
+        if tensor_amax is not None:  # the kernels take their amax over what they are given
+            raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
         from lp_jax.kernels.api import quantize_pallas  # the kernels import this module
         return quantize_pallas(xf, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
                                scale_rule=scale_rule)
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
-        data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element)
+        data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
     if fmt == "mxfp8":
         data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule)
         data = from_blocks(data_b, axis, x.shape[axis])
         return QuantizedTensor(data, jnp.moveaxis(F.e8m0_from_code(code), -1, axis), None, fmt, axis)
-    s_enc = nvfp4_tensor_scale(abs_max(xf))
+    s_enc = nvfp4_tensor_scale(abs_max(xf) if tensor_amax is None else tensor_amax)
     s_dec = F.recip(s_enc)  # may be a float32 subnormal: kept as bits, applied by F.mul
     if block_2d:
         r, c = x.shape[-2:]

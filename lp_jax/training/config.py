@@ -41,6 +41,10 @@ class PrecisionConfig:
     # Quantizer of the six operand copies (docs/backends.md, "Pallas quantization kernels"):
     # auto (xla until a GPU measures the Pallas kernels faster) | xla | pallas (the same bits).
     quantize_impl: str = "auto"
+    # FSDP all-gathers of quantized Linears' weights move their FP8/FP4 bytes and scales
+    # (quantized from each device's FP32 master shard; the same values as gathering first).
+    # None keeps the recipe's default, true; false gathers the BF16 weight (docs/scaling.md).
+    param_gather: Optional[bool] = None
 
     def overrides(self) -> dict:
         """The keyword overrides for get_recipe: only the fields that were set."""

@@ -191,7 +191,7 @@ def build(plan: Plan) -> _Run:
         state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
     phase = plan.phase_at(start + 1)
-    graphdef = _with_recipe(abstract_model, phase, say)
+    graphdef = _with_recipe(abstract_model, phase, say, mesh)
     say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
         f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
         f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
@@ -243,12 +243,17 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
     return found.step, found.state
 
 
-def _with_recipe(model, phase: Phase, say) -> Any:
-    """Applies the phase's recipe to the model in place and returns its graphdef."""
+def _with_recipe(model, phase: Phase, say, mesh) -> Any:
+    """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
+    bytes where precision.param_gather says so) and returns its graphdef."""
     import lp_jax
+    from lp_jax.training.weight_gather import set_weight_gathers
 
     report = lp_jax.apply_recipe(model, phase.recipe)
+    gathered = set_weight_gathers(model, dict(mesh.shape))
     say(str(report).splitlines()[0])
+    if gathered:
+        say(f"precision.param_gather: {len(gathered)} Linears all-gather their quantized weight bytes over fsdp")
     if phase.recipe.quantized and not report.quantized:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]
@@ -296,7 +301,7 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if r.plan.phase_at(step) is not r.phase:
         r.phase = r.plan.phase_at(step)
         model = nnx.merge(r.graphdef, r.state["params"], r.state["rest"])
-        r.graphdef = _with_recipe(model, r.phase, r.say)
+        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh)
         r.say(f"step {step}: precision -> {r.phase.name}")
     host = next(r.train_it)
     if step in cfg.debug.inject_nan_at_steps:
