@@ -95,7 +95,10 @@ class Llama(nnx.Module):
         (the same values as nnx.Embed's cast-then-take), so the backward scatter-adds the
         rows' gradients in FP32: a BF16 scatter-add rounds at every repeated token, and
         under data parallelism its cross-device sum would be a BF16 sum too."""
-        table = self.embed.embedding[...]
+        # The table's hidden dimension whole (gathered over fsdp like any FSDP weight)
+        # before the lookup: XLA's SPMD partitioner aborts on a gather from a table split
+        # on both dimensions inside the trainer's data-parallel shard_map (JAX 0.11-0.12).
+        table = constrain(self.embed.embedding[...], ("vocab", None))
         return jnp.take(table, tokens, axis=0).astype(self.config.dtype)
 
     def _logits(self, x_BxLxD):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lp_jax import context
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
@@ -80,7 +81,9 @@ def abs_max(x, axis=None, keepdims=False):
     Taken in x's own dtype (a max picks an element, so it is exact), which spares a
     materialized float32 copy of a bf16 tensor.
     """
-    return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims).astype(jnp.float32)
+    amax = jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims).astype(jnp.float32)
+    # A whole-tensor amax inside the trainer's shard_map covers every device's piece.
+    return context.tensor_amax(amax) if axis is None else amax
 
 
 # --------------------------------------------------------------------------- block kernels
