@@ -224,12 +224,15 @@ def gathered_weights(spec: StepSpec, params):
     if not spec.shard_optimizer or spec.data_ranks == 1:
         return params
 
-    def one(p, sharding):
+    def one(p, sharded, whole):
         if spec.gather_dtype is not None and p.ndim >= 2:
-            p = p.astype(spec.gather_dtype)
-        return jax.lax.with_sharding_constraint(p, sharding)
+            # The cast pinned to the ZeRO-1 layout: otherwise the partitioner may gather
+            # the FP32 master and cast after (twice the bytes).
+            p = jax.lax.with_sharding_constraint(p.astype(spec.gather_dtype), sharded)
+        return jax.lax.with_sharding_constraint(p, whole)
 
-    return jax.tree.map(one, params, state_shardings(params, spec.mesh))
+    return jax.tree.map(one, params, spec.state_shardings(params),
+                        state_shardings(params, spec.mesh))
 
 
 def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step):
@@ -239,8 +242,11 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
     dtypes = jax.tree.map(lambda p: p.dtype, params)
 
     def local(weights, rest, batch, rng, step):
-        # Back to the masters' dtype (exact); pcast makes the weights data-varying, so the
-        # gradient is this rank's own (an invariant weight would have its cotangent psum'd).
+        # Back to the masters' dtype (exact). The barrier keeps XLA from folding the
+        # f32 -> bf16 -> f32 round trip (excess precision), which would gather FP32.
+        # pcast makes the weights data-varying, so the gradient is this rank's own (an
+        # invariant weight would have its cotangent psum'd at once).
+        weights = jax.lax.optimization_barrier(weights)
         masters = jax.tree.map(lambda w, d: jax.lax.pcast(w.astype(d), "data", to="varying"),
                                weights, dtypes)
         with context.manual_axes(("data",)):
