@@ -91,6 +91,10 @@ class Collective:
     in_loop: bool  # inside a while loop (a scan over micro-batches or layers)
     groups: tuple[tuple[int, ...], ...] | None  # device groups; None: all devices
     reducer: str | None  # "add", "maximum", ... for reductions
+    # ``bytes`` if the operand were sent in the narrower float type it was rounded to just
+    # before: XLA:CPU widens BF16 collectives to F32 (convert(convert(x)) feeding them);
+    # GPU compilers keep them BF16.
+    narrow_bytes: int = 0
 
 
 def _iota_groups(spec: str) -> tuple[tuple[int, ...], ...]:
@@ -170,9 +174,36 @@ def collectives(text: str) -> list[Collective]:
             args, attrs = (m.group(4).split(")", 1) + [""])[:2]
             operands = re.findall(r"%([\w.\-]+)", args)
             size = shape_bytes(args) or sum(shape_bytes(shapes.get(o, "")) for o in operands)
+            narrow = _rounded_width(comps, lines, operands[0]) if len(operands) == 1 else None
             out.append(Collective(op, size, mult.get(name, 0), name in looped,
-                                  replica_groups(attrs), _reducer(comps, attrs)))
+                                  replica_groups(attrs), _reducer(comps, attrs),
+                                  size * narrow // 4 if narrow and "f32[" in args + shapes.get(operands[0], "")
+                                  else size))
     return out
+
+
+def _rounded_width(comps, lines, operand: str) -> int | None:
+    """Bytes per element of the type an F32 operand was just rounded to (a fusion whose
+    root is convert(convert(x)) through bf16/f16), else None."""
+    for line in lines:
+        m = _INSTR.match(line)
+        if not m or m.group(1) != operand or m.group(3) != "fusion":
+            continue
+        callee = re.search(r"calls=%?([\w.\-]+)", m.group(4))
+        body = comps.get(callee.group(1), []) if callee else []
+        instrs = {i.group(1): i for i in map(_INSTR.match, body) if i}
+        root = next((i for i in map(_INSTR.match, body) if i and "ROOT" in i.string.split("=")[0]), None)
+        first = lambda i: instrs.get((re.findall(r"%([\w.\-]+)", i.group(4)) or [""])[0])  # noqa: E731
+        while root is not None and root.group(3) in ("copy", "bitcast", "transpose"):
+            root = first(root)  # layout changes after the widening
+        if root is None or root.group(3) != "convert":
+            return None
+        inner = first(root)
+        if inner is not None and inner.group(3) == "convert":
+            for dtype, width in (("bf16[", 2), ("f16[", 2)):
+                if inner.group(2).startswith(dtype):
+                    return width
+    return None
 
 
 def _reducer(comps, attrs: str) -> str | None:
