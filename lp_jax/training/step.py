@@ -242,8 +242,9 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
     dtypes = jax.tree.map(lambda p: p.dtype, params)
 
     def local(weights, rest, batch, rng, step):
-        # Back to the masters' dtype (exact). The barrier keeps XLA from folding the
-        # f32 -> bf16 -> f32 round trip (excess precision), which would gather FP32.
+        # Back to the masters' dtype (exact). The barrier keeps the gathered BF16 values
+        # from being folded back into the FP32 masters they were cast from (XLA may drop
+        # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
         # pcast makes the weights data-varying, so the gradient is this rank's own (an
         # invariant weight would have its cotangent psum'd at once).
         weights = jax.lax.optimization_barrier(weights)
