@@ -201,9 +201,6 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     grad_specs = state_shardings(params, spec.mesh)
     if manual:  # inside the shard_map: specs, read against its (partly manual) mesh
         grad_specs = jax.tree.map(lambda s: s.spec, grad_specs)
-    # Loop carries must have the (data-)varying type of what the body adds to them.
-    vary = (lambda x: jax.lax.pcast(x, manual, to="varying")) if manual else (lambda x: x)
-
     def accumulate(carry, xs):
         micro, index = xs
         (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
@@ -212,7 +209,7 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
         return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
 
     zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_specs)
-    init = (zeros, vary(jnp.zeros((), jnp.float32)), vary(jnp.zeros((), jnp.float32)))
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
     (grad_sum, nll_sum, count), _ = jax.lax.scan(
         accumulate, init, (batch, jnp.arange(spec.accum_steps)))
     return grad_sum, nll_sum, count
@@ -245,20 +242,22 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
         # Back to the masters' dtype (exact). The barrier keeps the gathered BF16 values
         # from being folded back into the FP32 masters they were cast from (XLA may drop
         # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
-        # pcast makes the weights data-varying, so the gradient is this rank's own (an
-        # invariant weight would have its cotangent psum'd at once).
         weights = jax.lax.optimization_barrier(weights)
-        masters = jax.tree.map(lambda w, d: jax.lax.pcast(w.astype(d), "data", to="varying"),
-                               weights, dtypes)
+        masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
         with context.manual_axes(("data",)):
             grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
                                             manual=("data",))
         stacked = jax.tree.map(lambda g: g[None], grads)
         return stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data")
 
+    # check_vma=False: the body is plain per-rank code. With JAX's replication checks on,
+    # the gradient of a data-invariant weight would be psum'd inside the loop (the
+    # transpose of its implicit broadcast), and the GEMM backends' platform_dependent
+    # branches disagree on the varying-ness of their outputs.
     stacked, nll_sum, count = jax.shard_map(
         local, mesh=spec.mesh, in_specs=(P(), P(), P(None, "data"), P(), P()),
-        out_specs=(P("data"), P(), P()), axis_names={"data"})(weights, rest, batch, rng, step)
+        out_specs=(P("data"), P(), P()), axis_names={"data"}, check_vma=False)(
+            weights, rest, batch, rng, step)
     # The step's one data-axis reduction per gradient, into the masters' sharding.
     return (jax.tree.map(lambda g, s: jax.lax.with_sharding_constraint(jnp.sum(g, axis=0), s),
                          stacked, spec.state_shardings(params)),
