@@ -168,14 +168,17 @@ def state_shardings(tree: Any, mesh, shard_optimizer: bool = False) -> Any:
 
 def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     """ACTIVATION_RULES for code running inside a ``shard_map`` whose ``manual_axes`` are
-    manual: those axes are already split off by the shard_map, so no constraint names them."""
+    manual: those axes are already split off by the shard_map, so no constraint names them.
+    There the embedding table is also looked up with its hidden dimension whole
+    ("lookup_vocab": XLA's SPMD partitioner aborts on that gather from a table split over
+    fsdp and tensor; outside, the partitioner's all-to-all plan is cheaper, so no rule)."""
     if not manual_axes:
         return ACTIVATION_RULES
     rules = []
     for name, entry in ACTIVATION_RULES:
         kept = tuple(n for n in _names(entry) if n not in manual_axes)
         rules.append((name, kept if len(kept) > 1 else (kept[0] if kept else None)))
-    return tuple(rules)
+    return tuple(rules) + (("lookup_vocab", "tensor"),)
 
 
 def batch_sharding(mesh) -> NamedSharding:
