@@ -1,7 +1,11 @@
 """Per-device collective bytes and sharded state bytes of the llama3_8b train step, per mesh.
 
     python bench/bench_sharding.py [--recipe bf16] [--seq-len 8192] [--micro-batch 1]
-                                   [--global-batch 768] [--meshes 1,8,1 8,8,1 ...]
+                                   [--global-batch 768] [--meshes 1,8,1 8,8,1 8,1,1,z ...]
+
+A mesh ``d,f,t,z`` runs ZeRO-1 (mesh.shard_optimizer: masters and Adam moments split over
+data). A second table splits the bytes by the mesh axes each collective runs over and
+estimates the step's communication time (bench/comm_time.py) next to its compute time.
 
 Nothing is allocated: the step is traced from jax.ShapeDtypeStructs carrying the
 partitioning rules' shardings, lowered and compiled for the CPU backend on 64 forced host
@@ -23,6 +27,7 @@ the 8B configs': sequence 8192, micro-batch 1 per data-parallel rank, global bat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -39,16 +44,18 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
-from bench.hlo_collectives import KINDS, all_gathers, collective_bytes  # noqa: E402
+from bench import comm_time  # noqa: E402
+from bench.hlo_collectives import KINDS, all_gathers, collective_bytes, collectives, mesh_axes  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
-from lp_jax.training.partitioning import batch_sharding, state_shardings  # noqa: E402
+from lp_jax.training.partitioning import batch_sharding  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
 from lp_jax.training.weight_gather import set_weight_gathers  # noqa: E402
 from models import llama  # noqa: E402
 
-MESHES = ((8, 1, 1), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1), (1, 8, 8), (8, 1, 8))
+MESHES = ((8, 1, 1), (8, 1, 1, "z"), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1),
+          (8, 8, 1, "z"), (1, 8, 8), (8, 1, 8))
 OPTIMIZER = OptimizerSpec(peak_lr=6e-4, min_lr=6e-6, init_lr=0.0, warmup_steps=2000,
                           decay_steps=158946, decay="cosine", b1=0.9, b2=0.95, eps=1e-8,
                           weight_decay=0.033, clip_grad_norm=1.0)
@@ -63,7 +70,7 @@ def device_bytes(tree, shardings) -> int:
     return total
 
 
-def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
+def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=False):
     data, fsdp, tensor = sizes
     mesh = make_mesh(data, fsdp, tensor)
     cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
@@ -73,28 +80,31 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none"):
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OPTIMIZER)
     target = abstract_state((graphdef, params, rest), tx, 0)
-    shardings = state_shardings(target, mesh)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         target, shardings)
     per_pass = micro * data * fsdp
     accum = global_batch // per_pass
+    spec = StepSpec(OPTIMIZER, accum, mesh, shard_optimizer=zero1,
+                    gather_dtype=jnp.dtype(cfg.dtype).name)
+    shardings = spec.state_shardings(target)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         target, shardings)
     row = batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct((accum, per_pass, seq_len), dt, sharding=row)
              for k, dt in (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
                            ("positions", jnp.int32), ("loss_mask", jnp.bool_))}
-    spec = StepSpec(OPTIMIZER, accum, mesh)
     step = jitted_train_step(spec, state)
     t0 = time.perf_counter()
     compiled = step.lower(graphdef, spec, state, batch).compile()
     seconds = time.perf_counter() - t0
-    collectives = collective_bytes(compiled.as_text())
+    text = compiled.as_text()
     memory = compiled.memory_analysis()
     temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
     opt = device_bytes(target["opt_state"], shardings["opt_state"])
-    return {"mesh": f"{data}x{fsdp}x{tensor}", "devices": data * fsdp * tensor, "accum": accum,
+    flops = llama.flops_per_token(cfg, seq_len) * global_batch * seq_len / (data * fsdp * tensor)
+    return {"mesh": f"{data}x{fsdp}x{tensor}" + (" ZeRO-1" if zero1 else ""),
+            "devices": data * fsdp * tensor, "accum": accum,
             "params": device_bytes(target["params"], shardings["params"]), "adam": opt,
-            **collectives, "temp": temp, "compile_s": seconds, "hlo": compiled.as_text(),
-            "vocab": cfg.vocab_size}
+            **collective_bytes(text), "temp": temp, "compile_s": seconds,
+            "comm": communication(text, dict(mesh.shape), flops), "hlo": text, "vocab": cfg.vocab_size}
 
 
 # ------------------------------------------------ precision.param_gather (docs/scaling.md)
@@ -140,6 +150,40 @@ def print_weight_gathers(meshes, seq_len, micro, global_batch) -> None:
                       f"global batch {global_batch}: bytes per device per optimizer step, forward and backward")
 
 
+def communication(text: str, sizes: dict[str, int], flops_per_device: float) -> dict:
+    """Bytes per device per step by the mesh axes they cross (data sums = the gradient
+    reduction; data gathers = ZeRO-1's weights, at the width the values were rounded to,
+    as a GPU sends them), and the step's communication seconds with 8 GPUs per node (all
+    NVLink on 8 devices; across nodes at 50 GB/s on 64) and with 1 GPU per node (every
+    collective over the network), beside compute seconds at the BF16 peak."""
+    found = collectives(text)
+    narrow = [dataclasses.replace(c, bytes=c.narrow_bytes) for c in found]
+    out = {"data_sum": 0, "data_gather": 0, "fsdp": 0, "tensor": 0}
+    for c in narrow:
+        axes = mesh_axes(c.groups, sizes)
+        if axes == ("data",) and c.kind in ("all-reduce", "reduce-scatter"):
+            out["data_sum"] += c.bytes * c.runs
+        elif axes == ("data",) and c.kind == "all-gather":
+            out["data_gather"] += c.bytes * c.runs
+        elif axes == ("fsdp",):
+            out["fsdp"] += c.bytes * c.runs
+        elif axes == ("tensor",):
+            out["tensor"] += c.bytes * c.runs
+    devices = int(np.prod(list(sizes.values())))
+    out["node_s"] = comm_time.seconds(narrow, devices, gpus_per_node=8)
+    out["network_s"] = comm_time.seconds(narrow, devices, gpus_per_node=1)
+    out["compute_s"] = comm_time.compute_seconds(flops_per_device)
+    return out
+
+
+def communication_table(rows: list[dict], title: str) -> None:
+    print_table(["mesh d x f x t", "data-axis sums GB", "data-axis gathers GB", "fsdp GB", "tensor GB",
+                 "comm s, 8 GPUs/node", "comm s, 1 GPU/node (50 GB/s)", "compute s (BF16 peak)"],
+                [[r["mesh"], *(f"{r['comm'][k] / GB:.2f}" for k in ("data_sum", "data_gather", "fsdp", "tensor")),
+                  *(f"{r['comm'][k]:.2f}" for k in ("node_s", "network_s", "compute_s"))] for r in rows],
+                title=title)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default="bf16")
@@ -160,12 +204,15 @@ def main() -> None:
         print_weight_gathers(meshes, args.seq_len, args.micro_batch, args.global_batch)
         return
     rows = []
+    results = []
     for text in args.meshes:
-        sizes = tuple(int(v) for v in text.split(","))
+        fields = text.split(",")
+        sizes, zero1 = tuple(int(v) for v in fields[:3]), fields[3:] == ["z"]
         if np.prod(sizes) > jax.device_count():
             print(f"skipping mesh {text}: needs {np.prod(sizes)} devices")
             continue
-        r = measure(sizes, args.recipe, args.seq_len, args.micro_batch, args.global_batch, args.remat)
+        r = measure(sizes, args.recipe, args.seq_len, args.micro_batch, args.global_batch, args.remat, zero1)
+        results.append(r)
         rows.append([r["mesh"], r["devices"], r["accum"], f"{r['params'] / GB:.2f}", f"{r['adam'] / GB:.2f}",
                      *(f"{r[k] / GB:.2f}" for k in KINDS),
                      "n/a" if r["temp"] is None else f"{r['temp'] / GB:.1f}", f"{r['compile_s']:.0f}"])
@@ -175,6 +222,8 @@ def main() -> None:
                 title=f"llama3_8b, {args.recipe}, remat {args.remat}, sequence {args.seq_len}, micro-batch "
                       f"{args.micro_batch} per data-parallel rank, global batch {args.global_batch}: "
                       "bytes per device per optimizer step")
+    communication_table(results, "by mesh axis (BF16 collectives at BF16 width), and time per step: "
+                                 "NVLink 450 GB/s, network 50 GB/s per GPU, bandwidth only, no overlap")
 
 
 if __name__ == "__main__":

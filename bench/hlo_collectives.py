@@ -5,10 +5,16 @@ bytes of its operands (what one device sends into it), times how often it runs: 
 the entry computation, ``n`` times inside a while loop with ``known_trip_count`` n (the
 layer scan and the micro-batch scan nest, so their counts multiply). Async pairs count
 their ``-start`` half once.
+
+``collectives`` lists each collective with its device groups, and ``mesh_axes`` names the
+mesh axes a group spans, so bytes can be split by axis (``bytes_by_axes``): the data-axis
+gradient reduction of a train step, say, apart from FSDP's and tensor parallelism's.
 """
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 import json
 import math
 import re
@@ -75,8 +81,79 @@ def _multipliers(comps, entry) -> dict[str, int]:
     return mult
 
 
-def collective_bytes(text: str) -> dict[str, int]:
-    """{kind: operand bytes per device per execution} for the KINDS, from HLO text."""
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective instruction of a compiled module."""
+
+    kind: str  # one of KINDS
+    bytes: int  # operand bytes one device feeds in, per execution
+    runs: int  # executions per run of the module (loop trip counts multiplied)
+    in_loop: bool  # inside a while loop (a scan over micro-batches or layers)
+    groups: tuple[tuple[int, ...], ...] | None  # device groups; None: all devices
+    reducer: str | None  # "add", "maximum", ... for reductions
+    # ``bytes`` if the operand were sent in the narrower float type it was rounded to just
+    # before: XLA:CPU widens BF16 collectives to F32 (convert(convert(x)) feeding them);
+    # GPU compilers keep them BF16.
+    narrow_bytes: int = 0
+
+
+def _iota_groups(spec: str) -> tuple[tuple[int, ...], ...]:
+    """[G,S]<=[d0,d1,...]T(p...): iota over dims, transposed by p, reshaped to G x S."""
+    m = re.match(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", spec)
+    g, size = int(m.group(1)), int(m.group(2))
+    dims = [int(d) for d in m.group(3).split(",")]
+    ids = list(range(math.prod(dims)))
+    if m.group(4):
+        perm = [int(p) for p in m.group(4).split(",")]
+        strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+        ids = [sum(idx[k] * strides[perm[k]] for k in range(len(dims)))
+               for idx in itertools.product(*(range(dims[p]) for p in perm))]
+    return tuple(tuple(ids[i * size:(i + 1) * size]) for i in range(g))
+
+
+def _mesh_groups(sizes: dict[str, int], axes) -> tuple[tuple[int, ...], ...]:
+    """Device groups spanning mesh ``axes`` (row-major device order, as make_mesh lays them)."""
+    names = list(sizes)
+    groups = collections.defaultdict(list)
+    for idx in itertools.product(*(range(sizes[n]) for n in names)):
+        flat = sum(i * math.prod(sizes[n] for n in names[k + 1:]) for k, i in enumerate(idx))
+        key = tuple(i for n, i in zip(names, idx) if n not in axes)
+        groups[key].append(flat)
+    return tuple(tuple(g) for g in groups.values())
+
+
+def replica_groups(attrs: str):
+    """The device groups of a collective's attribute text; None for all devices."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if m:
+        sizes = {k: int(v) for k, v in re.findall(r"'(\w+)'=(\d+)", m.group(1))}
+        return _mesh_groups(sizes, re.findall(r"'(\w+)'", m.group(2)))
+    m = re.search(r"replica_groups=(\[\d+,\d+\]<=\[[\d,]+\](?:T\([\d,]+\))?)", attrs)
+    if m:
+        return _iota_groups(m.group(1))
+    m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", attrs)
+    if m and m.group(1):
+        return tuple(tuple(int(v) for v in g.split(",") if v)
+                     for g in re.findall(r"\{([\d,]*)\}", m.group(1)))
+    return None
+
+
+def mesh_axes(groups, sizes: dict[str, int]) -> tuple[str, ...]:
+    """The mesh axes (of a mesh of ``sizes``, e.g. {"data": 2, "fsdp": 2, "tensor": 2}) whose
+    devices ``groups`` connect; ("?",) if no set of axes gives exactly these groups."""
+    if groups is None:
+        return tuple(n for n in sizes if sizes[n] > 1)
+    wanted = sorted(tuple(sorted(g)) for g in groups)
+    names = [n for n in sizes if sizes[n] > 1]
+    for r in range(len(names) + 1):
+        for axes in itertools.combinations(names, r):
+            if sorted(tuple(sorted(g)) for g in _mesh_groups(sizes, axes)) == wanted:
+                return axes
+    return ("?",)
+
+
+def collectives(text: str) -> list[Collective]:
+    """Every collective of a compiled module's text (see Collective)."""
     comps, entry = _computations(text)
     shapes = {}
     for lines in comps.values():
@@ -84,8 +161,8 @@ def collective_bytes(text: str) -> dict[str, int]:
             m = _INSTR.match(line)
             if m:
                 shapes[m.group(1)] = m.group(2)
-    mult = _multipliers(comps, entry)
-    out = dict.fromkeys(KINDS, 0)
+    mult, looped = _multipliers(comps, entry), _looped(comps, entry)
+    out = []
     for name, lines in comps.items():
         for line in lines:
             m = _INSTR.match(line)
@@ -94,11 +171,14 @@ def collective_bytes(text: str) -> dict[str, int]:
             op = m.group(3).removesuffix("-start")
             if op not in KINDS or m.group(3).endswith("-done"):
                 continue
-            args = m.group(4).split(")", 1)[0]
+            args, attrs = (m.group(4).split(")", 1) + [""])[:2]
             operands = re.findall(r"%([\w.\-]+)", args)
-            inline = shape_bytes(args)
-            size = inline or sum(shape_bytes(shapes.get(o, "")) for o in operands)
-            out[op] += size * mult.get(name, 0)
+            size = shape_bytes(args) or sum(shape_bytes(shapes.get(o, "")) for o in operands)
+            narrow = _rounded_width(comps, lines, operands[0]) if len(operands) == 1 else None
+            out.append(Collective(op, size, mult.get(name, 0), name in looped,
+                                  replica_groups(attrs), _reducer(comps, attrs),
+                                  size * narrow // 4 if narrow and "f32[" in args + shapes.get(operands[0], "")
+                                  else size))
     return out
 
 
@@ -167,6 +247,80 @@ def all_gathers(text: str) -> list[dict]:
             out.append({"dtype": dtype, "wire": wire, "shape": m.group(2).split("{")[0],
                         "bytes": _BYTES[wire] * count * mult.get(comp, 0)})
     return out
+
+
+def _rounded_width(comps, lines, operand: str) -> int | None:
+    """Bytes per element of the type an F32 operand was just rounded to (a fusion whose
+    root is convert(convert(x)) through bf16/f16), else None."""
+    for line in lines:
+        m = _INSTR.match(line)
+        if not m or m.group(1) != operand or m.group(3) != "fusion":
+            continue
+        callee = re.search(r"calls=%?([\w.\-]+)", m.group(4))
+        body = comps.get(callee.group(1), []) if callee else []
+        instrs = {i.group(1): i for i in map(_INSTR.match, body) if i}
+        root = next((i for i in map(_INSTR.match, body) if i and "ROOT" in i.string.split("=")[0]), None)
+        first = lambda i: instrs.get((re.findall(r"%([\w.\-]+)", i.group(4)) or [""])[0])  # noqa: E731
+        while root is not None and root.group(3) in ("copy", "bitcast", "transpose"):
+            root = first(root)  # layout changes after the widening
+        if root is None or root.group(3) != "convert":
+            return None
+        inner = first(root)
+        if inner is not None and inner.group(3) == "convert":
+            for dtype, width in (("bf16[", 2), ("f16[", 2)):
+                if inner.group(2).startswith(dtype):
+                    return width
+    return None
+
+
+def _reducer(comps, attrs: str) -> str | None:
+    m = re.search(r"to_apply=%?([\w.\-]+)", attrs)
+    if not m:
+        return None
+    for line in comps.get(m.group(1), ()):
+        op = _INSTR.match(line)
+        if op and op.group(3) not in ("parameter", "constant", "tuple", "get-tuple-element"):
+            return op.group(3)
+    return None
+
+
+def _looped(comps, entry) -> set[str]:
+    """Computations that run inside a while loop (directly or through calls)."""
+    inside, order = set(), [(entry, False)]
+    seen = set()
+    while order:
+        name, in_loop = order.pop()
+        if (name, in_loop) in seen:
+            continue
+        seen.add((name, in_loop))
+        if in_loop:
+            inside.add(name)
+        for line in comps.get(name, ()):
+            m = _INSTR.match(line)
+            if not m:
+                continue
+            loop = in_loop or m.group(3) == "while"
+            for callee in re.findall(r"(?:body|condition|to_apply|calls|branch_computations)=\{?%?([\w.\-]+)",
+                                     m.group(4)):
+                if callee in comps:
+                    order.append((callee, loop))
+    return inside
+
+
+def collective_bytes(text: str) -> dict[str, int]:
+    """{kind: operand bytes per device per execution} for the KINDS, from HLO text."""
+    out = dict.fromkeys(KINDS, 0)
+    for c in collectives(text):
+        out[c.kind] += c.bytes * c.runs
+    return out
+
+
+def bytes_by_axes(text: str, sizes: dict[str, int]) -> dict[tuple[str, tuple[str, ...]], int]:
+    """{(kind, mesh axes): operand bytes per device per run of the module}."""
+    out = collections.Counter()
+    for c in collectives(text):
+        out[(c.kind, mesh_axes(c.groups, sizes))] += c.bytes * c.runs
+    return dict(out)
 
 
 def trip_counts(text: str) -> list[int]:

@@ -31,8 +31,7 @@ from lp_jax.training import metrics as metrics_lib  # noqa: E402
 from lp_jax.training import state as state_lib  # noqa: E402
 from lp_jax.training.config_io import load_config  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
-from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
-from lp_jax.training.partitioning import state_shardings  # noqa: E402
+from lp_jax.training.optimizer import make_optimizer  # noqa: E402
 from lp_jax.training.step import StepSpec, train_step  # noqa: E402
 from lp_jax.training.validate import resolve  # noqa: E402
 from models import llama  # noqa: E402
@@ -55,14 +54,14 @@ def measure(preset: str, recipe: str, seq_len: int, batch: int, steps: int, extr
             f"precision={recipe}", f"steps={steps}", *extra]))
     cfg, phase = plan.config, plan.phases[0]
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
-    spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
+    spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
     build = lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(0))  # noqa: E731
     abstract = nnx.eval_shape(build)
     report = lp_jax.apply_recipe(abstract, phase.recipe)
     graphdef = state_lib.split_model(abstract)[0]
     target = state_lib.abstract_state(state_lib.split_model(abstract), tx, cfg.seed)
-    state = state_lib.init_state(build, tx, cfg.seed, state_shardings(target, mesh))
+    state = state_lib.init_state(build, tx, cfg.seed, spec.state_shardings(target))
     rng, times = np.random.default_rng(0), []
     for _ in range(steps):
         placed = state_lib.place_batch(_batch(rng, batch, seq_len, plan.model_config.vocab_size),

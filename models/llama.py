@@ -28,7 +28,7 @@ from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `l
     ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
     config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
 from models.layers import BLD, Block, RMSNorm, rope_tables
-from models.sharding import constrain
+from models.sharding import constrain, constrain_if_ruled
 
 __all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeScaling",
            "LlamaConfig", "causal_document_mask", "config_from_dict", "config_to_dict",
@@ -95,7 +95,10 @@ class Llama(nnx.Module):
         (the same values as nnx.Embed's cast-then-take), so the backward scatter-adds the
         rows' gradients in FP32: a BF16 scatter-add rounds at every repeated token, and
         under data parallelism its cross-device sum would be a BF16 sum too."""
-        table = self.embed.embedding[...]
+        # "lookup_vocab": a trainer may ask for the table with its hidden dimension whole
+        # before the lookup (lp_jax's data-parallel shard_map does: XLA's SPMD partitioner
+        # aborts there on a gather from a table split on both dimensions, JAX 0.11-0.12).
+        table = constrain_if_ruled(self.embed.embedding[...], ("lookup_vocab", None))
         return jnp.take(table, tokens, axis=0).astype(self.config.dtype)
 
     def _logits(self, x_BxLxD):

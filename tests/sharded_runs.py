@@ -5,7 +5,8 @@
 A 2-layer tiny Llama, 5 steps of 8 x 32 mock tokens, with the trainer's own pieces (the
 partitioning rules, the jitted step with its in/out shardings, the LM-head FP32 GEMM),
 every Linear in the recipe (F0L0), for each recipe on one device, on meshes (data, fsdp,
-tensor) = (8,1,1), (2,4,1), (2,2,2), and twice more on one device as yardsticks of how far
+tensor) = (8,1,1), (2,4,1), (2,2,2), the last two also with ZeRO-1 (masters and moments
+split over data too: "zero1" meshes, their last entry 1), and twice more on one device as yardsticks of how far
 rounding alone moves this trajectory: with the initial master weights moved by one FP32
 ulp ("ulp"), and with each batch's rows in reverse order ("reversed": the same
 mathematical step, every sum over the batch taken in another order, and for NVFP4 other
@@ -28,13 +29,13 @@ import lp_jax
 from lp_jax.training import data as data_lib
 from lp_jax.training import state as state_lib
 from lp_jax.training.mesh import make_mesh
-from lp_jax.training.partitioning import state_shardings
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama
 
 BATCH, SEQ, STEPS = 8, 32, 5
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
+ZERO1_MESHES = ((8, 1, 1, 1), (2, 2, 2, 1))  # (data, fsdp, tensor, shard_optimizer)
 # configs/tiny.yaml's schedule: step 1 at lr 0 (Megatron's init_lr), then warming up.
 OPTIMIZER = OptimizerSpec(peak_lr=3e-3, min_lr=3e-4, init_lr=0.0, warmup_steps=30, decay_steps=300,
                           decay="cosine", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.033,
@@ -53,8 +54,9 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
     from lp_jax.training.weight_gather import set_weight_gathers
 
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
-    mesh = make_mesh(*mesh_sizes)
-    spec = StepSpec(OPTIMIZER, 1, mesh)
+    mesh = make_mesh(*mesh_sizes[:3])
+    spec = StepSpec(OPTIMIZER, 1, mesh, shard_optimizer=len(mesh_sizes) > 3 and bool(mesh_sizes[3]),
+                    gather_dtype=jnp.dtype(dtype).name)
     tx = make_optimizer(OPTIMIZER)
     build_model = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
     model = nnx.eval_shape(build_model)
@@ -63,7 +65,7 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
     set_weight_gathers(model, dict(mesh.shape))
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
-    state = state_lib.init_state(build_model, tx, 0, state_shardings(target, mesh))
+    state = state_lib.init_state(build_model, tx, 0, spec.state_shardings(target))
     return cfg, graphdef, spec, state, mesh
 
 
@@ -74,7 +76,9 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
         state["params"] = jax.tree.map(
             lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p),
             state["params"])
-    shard = list(state["params"]["layers"][0]["attn"]["q_proj"]["kernel"].addressable_shards[0].data.shape)
+    q_proj = lambda s: s["layers"][0]["attn"]["q_proj"]["kernel"]  # noqa: E731
+    shard = list(q_proj(state["params"]).addressable_shards[0].data.shape)
+    moment = list(q_proj(state["opt_state"][1][0].mu).addressable_shards[0].data.shape)
     losses = []
     for batch in batches(cfg.vocab_size):
         if perturb == "reversed":  # the same examples, rows in the opposite order
@@ -82,7 +86,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
         state, metrics = train_step(graphdef, spec, state, state_lib.place_batch(batch, 1, mesh))
         losses.append(float(metrics["loss"]))
     return {"recipe": recipe, "dtype": dtype, "mesh": list(mesh_sizes), "perturbed": perturb,
-            "losses": losses, "q_proj_shard": shard}
+            "losses": losses, "q_proj_shard": shard, "q_proj_moment_shard": moment}
 
 
 def main(case: str) -> None:
@@ -90,10 +94,10 @@ def main(case: str) -> None:
     activations) or "fp32" (the BF16 recipe with FP32 activations, one device and meshes)."""
     assert jax.device_count() == 8, jax.devices()
     if case == "fp32":
-        plan = [("bf16", "float32", m, "") for m in ((1, 1, 1),) + MESHES]
+        plan = [("bf16", "float32", m, "") for m in ((1, 1, 1),) + MESHES + ZERO1_MESHES]
     else:
         plan = [(case, "bfloat16", (1, 1, 1), p) for p in ("", "ulp", "reversed")]
-        plan += [(case, "bfloat16", m, "") for m in MESHES]
+        plan += [(case, "bfloat16", m, "") for m in MESHES + ZERO1_MESHES]
     for args in plan:
         print(json.dumps(run(*args)), flush=True)
 

@@ -146,6 +146,7 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
     assert (c.steps, c.schedule.warmup_steps, c.schedule.decay_steps) == (1000, 100, 900)
     assert (c.data.seq_len, c.data.global_batch_size, c.seed) == (8192, 768, 1234)
     assert c.run_dir == os.path.join(str(tmp_path), "bridge")
+    assert (c.mesh.data, c.mesh.fsdp, c.mesh.shard_optimizer) == (-1, 1, True)  # Bridge's DP + ZeRO-1
     plan = resolve(c)  # the 8B plan validates on CPU without building anything
     assert plan.phases[0].recipe.policy == "F0L4" and plan.accum_steps == 768
     with pytest.raises(ValueError, match="mixed_precision_recipe='fp8' is not one of"):

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from lp_jax import context
 from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import abs_max, quantize
@@ -110,12 +111,11 @@ def _copies(recipe, wc, sharded_axes):
     fprop, dgrad = recipe.fprop_w, recipe.dgrad_w
     amax = None
     if F.FORMAT_SPECS[fprop.fmt].tensor_scale or F.FORMAT_SPECS[dgrad.fmt].tensor_scale:
-        amax = abs_max(wc)
+        # Over every axis of the shard, not axis=None: the data axis holds the same weight, so
+        # only the axes that shard it need the all-reduce below (context.tensor_amax would add data).
+        amax = abs_max(wc, axis=tuple(range(wc.ndim)))
         if sharded_axes:
-            # A NaN amax must win as it does in jnp.max, but XLA's all-reduce(max) may drop
-            # it; as +inf it wins and gives the same tensor scale (1, for NaN and inf alike).
-            amax = jnp.where(jnp.isnan(amax), jnp.float32(jnp.inf), amax)
-            amax = lax.pmax(amax, sharded_axes)  # one scalar all-reduce(max)
+            amax = context.max_over_devices(amax, sharded_axes)  # one scalar all-reduce(max)
     fq = quantize(wc, fprop.fmt, axis=0, tensor_amax=amax, **quantize_kwargs(fprop))
     if shares_bytes(fprop, dgrad):  # per-tensor FP8, NVFP4's 16x16 tiles: one copy for both
         return fq, fq

@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 
 from lp_jax import kernels
+from lp_jax import context
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
@@ -87,7 +88,9 @@ def abs_max(x, axis=None, keepdims=False):
     a = jnp.abs(x)
     uint = {2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
     m = jnp.max(lax.bitcast_convert_type(a, uint), axis=axis, keepdims=keepdims)
-    return lax.bitcast_convert_type(m, a.dtype).astype(jnp.float32)
+    amax = lax.bitcast_convert_type(m, a.dtype).astype(jnp.float32)
+    # A whole-tensor amax inside the trainer's shard_map covers every device's piece.
+    return context.tensor_amax(amax) if axis is None else amax
 
 
 # --------------------------------------------------------------------------- block kernels

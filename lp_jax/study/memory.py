@@ -99,14 +99,13 @@ def residual_breakdown(graphdef, params, rest, micro_batch: int, seq_len: int) -
 def xla_step_memory(plan, graphdef, state, mesh) -> dict:
     """memory_analysis() of the compiled train step, compiled exactly as the trainer does
     (its jit, in/out shardings and donation), from abstract inputs."""
-    from lp_jax.training.optimizer import OptimizerSpec
-    from lp_jax.training.partitioning import batch_sharding, state_shardings
+    from lp_jax.training.partitioning import batch_sharding
     from lp_jax.training.step import StepSpec, jitted_train_step
 
     cfg = plan.config
-    spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
+    spec = StepSpec.from_plan(plan, mesh)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            state, state_shardings(state, mesh))
+                            state, spec.state_shardings(state))
     rows = batch_sharding(mesh)
     per_pass = cfg.data.global_batch_size // plan.accum_steps
     batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, *v.shape), v.dtype, sharding=rows)

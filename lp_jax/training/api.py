@@ -81,8 +81,9 @@ def llama3_8b_low_precision_pretrain_config(
         "schedule.decay=cosine",
         f"checkpoint.every={save_interval}",
         f"logging.val_every={eval_interval}", "logging.val_batches=32",
-        # ZeRO-3 over all devices: an 8B model's FP32 state fits no single GPU (docs/scaling.md).
-        "mesh.data=1", "mesh.fsdp=-1", "mesh.tensor=1",
+        # Bridge's 8B layout: data parallelism with the distributed optimizer, ZeRO-1
+        # (one gradient reduction and one weight gather per step; docs/scaling.md).
+        "mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.shard_optimizer=true",
     ])
     if not use_mock:
         config = set_dotted(config, "data.paths", list(data_paths))

@@ -227,6 +227,10 @@ class MeshConfig:
     # Tensor-parallel ranks (Megatron): q/k/v/gate/up split by output features, o/down by
     # input features, the vocabulary split; must divide the query and KV head counts.
     tensor: int = 1
+    # ZeRO-1 over the data axis (Megatron's distributed optimizer): FP32 masters and Adam
+    # moments split over the data ranks; per step one gradient reduce-scatter and one
+    # all-gather of the updated weights (in model.dtype). Checkpoints do not depend on it.
+    shard_optimizer: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

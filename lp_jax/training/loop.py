@@ -28,9 +28,8 @@ from lp_jax.training.checkpoint import (DAMAGED_SUFFIX, Checkpointer, Checkpoint
                                        abstract_like)
 from lp_jax.training.config_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.training.distributed import is_primary
-from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
+from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.mesh import make_mesh
-from lp_jax.training.partitioning import state_shardings
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
@@ -150,7 +149,7 @@ def build(plan: Plan) -> _Run:
     primary = is_primary()  # process 0 writes the run folder's files and prints
     say = _Console(primary)
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
-    spec = StepSpec(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh)
+    spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
     global_batch = cfg.data.global_batch_size
 
@@ -175,7 +174,7 @@ def build(plan: Plan) -> _Run:
     # the resumed step (and so its recipe) is known.
     abstract_model = nnx.eval_shape(build_model)
     target = abstract_state(split_model(abstract_model), tx, cfg.seed)
-    shardings = state_shardings(target, mesh)
+    shardings = spec.state_shardings(target)
     try:
         start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
                         if cfg.checkpoint.resume else (0, None))

@@ -1,7 +1,9 @@
 """The device mesh: data, FSDP and tensor parallelism over (data, fsdp, tensor) axes.
 
 - ``data``: ranks that each hold a full copy of the (tensor-sharded) state and a slice of
-  the batch; gradients are all-reduced across them.
+  the batch; each sums its micro-batches' gradients and they are reduced across ranks
+  once per optimizer step. With ZeRO-1 (``mesh.shard_optimizer``) the FP32 masters and
+  Adam moments are split over them too (lp_jax/training/step.py).
 - ``fsdp``: ranks that also take a slice of the batch, and shard parameters, gradients and
   Adam moments (ZeRO-3): weights are all-gathered for each GEMM, gradients reduce-scattered.
 - ``tensor``: Megatron tensor parallelism: q/k/v/gate/up column-parallel, o/down

@@ -21,6 +21,12 @@ and split the batch over (data, fsdp).
 
 A dimension that its mesh axes do not divide is left unsharded on those axes (reported
 by ``sharding_report``), so any model compiles on any mesh.
+
+ZeRO-1 (``mesh.shard_optimizer``): the FP32 masters and Adam moments are also split over
+``data`` (``shard_optimizer=True`` here), the data axis placed after the axes already on
+the dimension, so gathering over ``data`` gives back the data-replicated layout in
+contiguous pieces (an all-gather, no shuffle). The step gathers the weights once per step
+and reduce-scatters the summed gradient once (lp_jax/training/step.py).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import re
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -91,6 +98,29 @@ def _size(mesh_shape, entry) -> int:
     return math.prod(mesh_shape[n] for n in names)
 
 
+def _names(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def with_data_axis(spec: P, shape: tuple[int, ...], mesh_shape: dict[str, int]) -> P:
+    """``spec`` with ``data`` added (ZeRO-1): after the axes of the dimension already
+    sharded over ``fsdp``, else of the largest dimension the combined axes divide; the spec
+    itself if no dimension can take it (a small vector stays whole on data)."""
+    data = mesh_shape.get("data", 1)
+    entries = list(tuple(spec) + (None,) * (len(shape) - len(spec)))
+    if data == 1 or not shape:
+        return spec
+    fsdp_dims = [d for d, e in enumerate(entries) if "fsdp" in _names(e)]
+    order = fsdp_dims + sorted((d for d in range(len(shape)) if d not in fsdp_dims),
+                               key=lambda d: -shape[d])
+    for dim in order:
+        names = _names(entries[dim])
+        if shape[dim] % (_size(mesh_shape, names or None) * data) == 0:
+            entries[dim] = names + ("data",) if names else "data"
+            return P(*entries)
+    return spec
+
+
 def param_spec(path: str, shape: tuple[int, ...], mesh_shape: dict[str, int],
                rules=PARAM_RULES) -> P:
     """The PartitionSpec of a parameter-shaped array (parameter, moment or gradient).
@@ -117,18 +147,38 @@ def param_spec(path: str, shape: tuple[int, ...], mesh_shape: dict[str, int],
     return P(*spec)
 
 
-def state_shardings(tree: Any, mesh) -> Any:
+def state_shardings(tree: Any, mesh, shard_optimizer: bool = False) -> Any:
     """NamedShardings for the train state (or any tree of parameter-shaped leaves):
-    parameters and their Adam moments by the rules, counters and keys replicated."""
+    parameters and their Adam moments by the rules, counters and keys replicated.
+    ``shard_optimizer``: floating-point leaves (masters, moments) also split over ``data``
+    (ZeRO-1, ``with_data_axis``)."""
     mesh_shape = dict(mesh.shape)
 
     def one(key_path, leaf):
         shape = tuple(getattr(leaf, "shape", ()))
         if not shape:
             return NamedSharding(mesh, P())
-        return NamedSharding(mesh, param_spec(path_string(key_path), shape, mesh_shape))
+        spec = param_spec(path_string(key_path), shape, mesh_shape)
+        if shard_optimizer and jnp.issubdtype(leaf.dtype, jnp.floating):
+            spec = with_data_axis(spec, shape, mesh_shape)
+        return NamedSharding(mesh, spec)
 
     return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
+    """ACTIVATION_RULES for code running inside a ``shard_map`` whose ``manual_axes`` are
+    manual: those axes are already split off by the shard_map, so no constraint names them.
+    There the embedding table is also looked up with its hidden dimension whole
+    ("lookup_vocab": XLA's SPMD partitioner aborts on that gather from a table split over
+    fsdp and tensor; outside, the partitioner's all-to-all plan is cheaper, so no rule)."""
+    if not manual_axes:
+        return ACTIVATION_RULES
+    rules = []
+    for name, entry in ACTIVATION_RULES:
+        kept = tuple(n for n in _names(entry) if n not in manual_axes)
+        rules.append((name, kept if len(kept) > 1 else (kept[0] if kept else None)))
+    return tuple(rules) + (("lookup_vocab", "tensor"),)
 
 
 def batch_sharding(mesh) -> NamedSharding:

@@ -11,7 +11,21 @@ step.
 
 Inside, the forward runs under the mesh and ``partitioning.ACTIVATION_RULES`` (the
 model's logical activation constraints), and gradients are constrained to the
-parameters' shardings: FSDP reduce-scatters them, as ZeRO-3 does.
+parameters' shardings: FSDP reduce-scatters them every micro-batch, as ZeRO-3 does.
+
+Data parallelism reduces once per optimizer step, not once per micro-batch: with
+``mesh.data > 1`` the micro-batch loop runs inside a ``shard_map`` that is manual over
+``data`` only (fsdp and tensor stay with the partitioner), each data rank sums its
+micro-batches' FP32 gradients locally, and the sums leave the shard_map stacked along a
+new leading ``data`` axis, unreduced; one sum over that axis, constrained to the
+gradient's sharding, is the step's single data-axis reduction (an all-reduce, or with
+ZeRO-1 a reduce-scatter: XLA:CPU writes it as all-reduce + slice). Per-tensor amaxes
+inside are reduced over ``data`` (``lp_jax.context.manual_axes``), so every rank
+quantizes with the logical tensor's scale, as the partitioned program does.
+
+ZeRO-1 (``StepSpec.shard_optimizer``): masters and Adam moments are split over ``data``
+too; the step all-gathers the weights once (matrices in ``gather_dtype``, the model's
+compute dtype), reduce-scatters the gradient sum once, and updates its own slice.
 
 Stochastic-rounding bits: the forward of micro-batch ``m`` of step ``s`` runs inside
 ``lp_jax.context.rng_scope(fold_in(fold_in(key(seed), s), m))``, so a resumed run
@@ -31,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from lp_jax import context
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
-from lp_jax.training.partitioning import ACTIVATION_RULES, batch_sharding, state_shardings
+from lp_jax.training.partitioning import activation_rules, batch_sharding, state_shardings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +53,28 @@ class StepSpec:
     optimizer: OptimizerSpec
     accum_steps: int
     mesh: Mesh
+    # ZeRO-1: FP32 masters and Adam moments also split over the data axis (mesh.shard_optimizer).
+    shard_optimizer: bool = False
+    # The dtype ZeRO-1 gathers matrices (rank >= 2) in: the model's compute dtype, exact
+    # for the Llama, which reads a matrix only through its cast to that dtype (the
+    # Linears' GEMM, the embedding lookup). None: FP32 masters.
+    gather_dtype: str | None = None
+
+    @classmethod
+    def from_plan(cls, plan, mesh: Mesh) -> "StepSpec":
+        """The spec of a validated run (lp_jax.training.validate.Plan) on ``mesh``."""
+        cfg = plan.config
+        return cls(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh,
+                   shard_optimizer=cfg.mesh.shard_optimizer,
+                   gather_dtype=jnp.dtype(plan.model_config.dtype).name)
+
+    @property
+    def data_ranks(self) -> int:
+        return self.mesh.shape["data"]
+
+    def state_shardings(self, tree):
+        """The NamedShardings of a train state (or params) under this spec."""
+        return state_shardings(tree, self.mesh, self.shard_optimizer)
 
 
 def global_norm(tree) -> jax.Array:
@@ -50,17 +86,23 @@ def token_nll(logits, targets, mask):
     """(sum of next-token negative log-likelihoods over unmasked tokens, their count), FP32."""
     logits = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    # The target's logit picked by a masked sum (exact: one term), not take_along_axis: XLA's
+    # SPMD partitioner aborts on that gather from vocabulary-sharded logits inside the
+    # trainer's data-parallel shard_map (JAX 0.11-0.12, fsdp and tensor both > 1).
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
     mask = mask.astype(jnp.float32)
     return jnp.sum((log_z - target_logit) * mask), jnp.sum(mask)
 
 
-def _forward_nll(graphdef, params, rest, micro, key, mesh):
+def _forward_nll(graphdef, params, rest, micro, key, mesh, manual=()):
     model = nnx.merge(graphdef, params, rest)
     # The abstract mesh makes the model's logical constraints (models.sharding) concrete;
-    # jit's in/out shardings supply the devices.
-    with context.rng_scope(key), jax.sharding.use_abstract_mesh(mesh.abstract_mesh), \
-            nnx.logical_axis_rules(ACTIVATION_RULES):
+    # jit's in/out shardings supply the devices. Inside the data shard_map the context
+    # already holds the mesh with ``data`` manual, and the rules leave that axis out.
+    abstract = jax.sharding.get_abstract_mesh() if manual else mesh.abstract_mesh
+    with context.rng_scope(key), jax.sharding.use_abstract_mesh(abstract), \
+            nnx.logical_axis_rules(activation_rules(manual)):
         logits = model(micro["tokens"], positions=micro["positions"],
                        segment_ids=micro["segment_ids"])
     return token_nll(logits, micro["targets"], micro["loss_mask"])
@@ -68,12 +110,12 @@ def _forward_nll(graphdef, params, rest, micro, key, mesh):
 
 def _shardings_key(spec: StepSpec, state: dict):
     leaves, treedef = jax.tree.flatten(state)
-    return spec, treedef, tuple(tuple(x.shape) for x in leaves)
+    return spec, treedef, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in leaves)
 
 
 def _shardings(spec: StepSpec, treedef, shapes):
-    abstract = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes])
-    return state_shardings(abstract, spec.mesh), batch_sharding(spec.mesh), NamedSharding(spec.mesh, P())
+    abstract = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, d) for s, d in shapes])
+    return spec.state_shardings(abstract), batch_sharding(spec.mesh), NamedSharding(spec.mesh, P())
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,27 +159,15 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     tx = make_optimizer(spec.optimizer)
     params, rest = state["params"], state["rest"]
     step = state["step"] + 1
-    step_key = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), step)
-    grad_fn = jax.value_and_grad(
-        lambda p, micro, key: _forward_nll(graphdef, p, rest, micro, key, spec.mesh), has_aux=True)
-    # Gradients sharded like the parameters: each micro-batch's are reduce-scattered.
-    grad_shardings = state_shardings(params, spec.mesh)
-
-    def accumulate(carry, xs):
-        micro, index = xs
-        (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
-        grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
-        grad_sum, nll_sum, count_sum = carry
-        return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
-
-    zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_shardings)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-    (grad_sum, nll_sum, count), _ = jax.lax.scan(
-        accumulate, init, (batch, jnp.arange(spec.accum_steps)))
+    if spec.data_ranks > 1:
+        grads, nll_sum, count = _data_parallel_sums(graphdef, spec, params, rest, batch,
+                                                    state["rng"], step)
+    else:
+        grads, nll_sum, count = _accumulate(graphdef, spec, params, rest, batch, state["rng"], step)
     # Token mean over the whole global batch, however it was split into micro-batches.
     count = jnp.maximum(count, 1.0)
     loss = nll_sum / count
-    grads = jax.tree.map(lambda g: g / count, grad_sum)
+    grads = jax.tree.map(lambda g: g / count, grads)
     grad_norm = global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -157,6 +187,81 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite,
                "tokens": count}
     return new_state, metrics
+
+
+def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual=()):
+    """(summed FP32 gradients, summed NLL, token count) over the micro-batches, summed on
+    this device: inside the data shard_map (``manual=("data",)``) over this data rank's
+    rows only. Gradients are constrained to the parameters' shardings on the other axes
+    (FSDP reduce-scatters each micro-batch's, ZeRO-3)."""
+    step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+    grad_fn = jax.value_and_grad(
+        lambda p, micro, key: _forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual),
+        has_aux=True)
+    grad_specs = state_shardings(params, spec.mesh)
+    if manual:  # inside the shard_map: specs, read against its (partly manual) mesh
+        grad_specs = jax.tree.map(lambda s: s.spec, grad_specs)
+    def accumulate(carry, xs):
+        micro, index = xs
+        (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
+        grads = jax.lax.with_sharding_constraint(grads, grad_specs)
+        grad_sum, nll_sum, count_sum = carry
+        return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
+
+    zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_specs)
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+    (grad_sum, nll_sum, count), _ = jax.lax.scan(
+        accumulate, init, (batch, jnp.arange(spec.accum_steps)))
+    return grad_sum, nll_sum, count
+
+
+def gathered_weights(spec: StepSpec, params):
+    """The weights the forward reads, replicated over ``data``: ZeRO-1's masters gathered
+    once per step (matrices in ``spec.gather_dtype``); otherwise the masters themselves."""
+    if not spec.shard_optimizer or spec.data_ranks == 1:
+        return params
+
+    def one(p, sharded, whole):
+        if spec.gather_dtype is not None and p.ndim >= 2:
+            # The cast pinned to the ZeRO-1 layout: otherwise the partitioner may gather
+            # the FP32 master and cast after (twice the bytes).
+            p = jax.lax.with_sharding_constraint(p.astype(spec.gather_dtype), sharded)
+        return jax.lax.with_sharding_constraint(p, whole)
+
+    return jax.tree.map(one, params, spec.state_shardings(params),
+                        state_shardings(params, spec.mesh))
+
+
+def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step):
+    """_accumulate's sums over the whole batch with one data-axis reduction (see the
+    module docstring): gradients come back reduced and sharded like the masters."""
+    weights = gathered_weights(spec, params)
+    dtypes = jax.tree.map(lambda p: p.dtype, params)
+
+    def local(weights, rest, batch, rng, step):
+        # Back to the masters' dtype (exact). The barrier keeps the gathered BF16 values
+        # from being folded back into the FP32 masters they were cast from (XLA may drop
+        # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
+        weights = jax.lax.optimization_barrier(weights)
+        masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
+        with context.manual_axes(("data",)):
+            grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
+                                            manual=("data",))
+        stacked = jax.tree.map(lambda g: g[None], grads)
+        return stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data")
+
+    # check_vma=False: the body is plain per-rank code. With JAX's replication checks on,
+    # the gradient of a data-invariant weight would be psum'd inside the loop (the
+    # transpose of its implicit broadcast), and the GEMM backends' platform_dependent
+    # branches disagree on the varying-ness of their outputs.
+    stacked, nll_sum, count = jax.shard_map(
+        local, mesh=spec.mesh, in_specs=(P(), P(), P(None, "data"), P(), P()),
+        out_specs=(P("data"), P(), P()), axis_names={"data"}, check_vma=False)(
+            weights, rest, batch, rng, step)
+    # The step's one data-axis reduction per gradient, into the masters' sharding.
+    return (jax.tree.map(lambda g, s: jax.lax.with_sharding_constraint(jnp.sum(g, axis=0), s),
+                         stacked, spec.state_shardings(params)),
+            nll_sum, count)
 
 
 def _eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
