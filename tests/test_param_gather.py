@@ -200,10 +200,13 @@ def test_a_shard_of_partial_blocks_is_refused():
                                                       jnp.bfloat16), w)
 
 
-# (element type bitcast to bytes for the gathers, gathers per Linear per pass, tensor amax?)
-_WIRE = {"fp8_cs": ({"f8E4M3FN->ui8"}, 1, True),
-         "mxfp8": ({"f8E4M3FN->ui8", "f8E8M0FNU->ui8"}, 2, False),
-         "nvfp4": ({"f4E2M1FN->ui4", "f8E4M3FN->ui8"}, 2, True)}
+# (element type bitcast to bytes for the gathers, gathers per Linear per pass, tensor amax?,
+# per-tensor amaxes of activations and gradients per Linear: on a mesh with a data axis each
+# is one scalar all-reduce(max) over data (the data shard_map, context.tensor_amax): FP8-CS
+# x and dy; NVFP4 x, dy and their RHT'd wgrad copies)
+_WIRE = {"fp8_cs": ({"f8E4M3FN->ui8"}, 1, True, 2),
+         "mxfp8": ({"f8E4M3FN->ui8", "f8E8M0FNU->ui8"}, 2, False, 0),
+         "nvfp4": ({"f4E2M1FN->ui4", "f8E4M3FN->ui8"}, 2, True, 4)}
 
 
 @pytest.mark.slow
@@ -214,7 +217,7 @@ def test_first_train_step_and_its_all_gathers(recipe):
     assert abs(loss_on - loss_off) <= 1e-6 * abs(loss_off), result["loss"]
     assert abs(norm_on - norm_off) <= 1e-5 * abs(norm_off), result["grad_norm"]
     assert max(result["mu_rel"].values()) <= 1e-5, result["mu_rel"]  # first gradients
-    types, per_pass, tensor_amax = _WIRE[recipe]
+    types, per_pass, tensor_amax, data_amaxes = _WIRE[recipe]
     linears = 2 * 7  # 2 layers x q, k, v, o, gate, up, down
     gathers = 2 * per_pass * linears  # forward and backward
     on, off = result["on"], result["off"]
@@ -224,7 +227,8 @@ def test_first_train_step_and_its_all_gathers(recipe):
     # bitcast when the reference GEMM decodes them, hence at least).
     assert set(on["bitcast_to_bytes"]) == types, on
     assert all(n >= 2 * linears for n in on["bitcast_to_bytes"].values()), on
-    assert on["lowered_scalar_max_all_reduces"] == (linears if tensor_amax else 0), on
+    # One all-reduce(max) over fsdp per quantized weight, besides the data axis's (mesh 2,2,2).
+    assert on["lowered_scalar_max_all_reduces"] == linears * (int(tensor_amax) + data_amaxes), on
     # Off, the partitioner gathers each weight's BF16 cast forward and backward (XLA:CPU widens
     # those all-gathers to f32); on, those 2 x 14 are gone and nothing else moves.
     assert "u8" not in off["compiled_gathers"] and not off["lowered_gathers"], off

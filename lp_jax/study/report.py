@@ -77,7 +77,7 @@ def collect_numbers(entries: list[dict], out) -> dict:
         v_steps, v_loss = curves.val_curve(e["metrics"])
         numbers[v.name] = {
             "label": v.label, "group": v.group, "recipe": v.recipe, "policy": _policy(v),
-            "precision": e["config"].precision.__dict__, "run_dir": run_dir,
+            "precision": _json_ready(e["config"].precision.__dict__), "run_dir": run_dir,
             "status": status.state, "message": status.message,
             "target_step": status.target_step, **s,
             "val_gap_to_bf16": gap(s, ref, "final_val_loss", "final_val_step"),
@@ -279,3 +279,8 @@ def _quantized(n) -> str:
 def _status(n) -> str:
     state = {"complete": "reused", "trained": "trained"}.get(n["status"], f"**{n['status']}**")
     return f"{state}, step {n['last_step']}/{n['target_step']}"
+
+
+def _json_ready(fields: dict) -> dict:
+    """Config fields as study.json reads back (tuples such as bf16_layers as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
