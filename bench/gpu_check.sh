@@ -51,7 +51,7 @@ echo "== 3. GEMM TFLOP/s at Llama 3 8B shapes, M = 8192 tokens (quantization inc
 part 105 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 85 $TINY
 
 echo "== 4. one transformer layer (Llama 3 8B width) forward+backward per recipe"
-part 65 "$PY" bench/bench_dot_general.py --layers 1 --tokens 8192 --d 4096 --ffn 14336 \
+part 65 "$PY" bench/bench_dot_general.py --mode block --layers 1 --tokens 8192 --d 4096 --ffn 14336 \
   --heads 32 --repeats 5 --no-peers --no-fp32 --reference-backend --budget-s 45 $TINY
 
 echo "== 5. llama3_1b train steps per recipe: tokens/s, MFU"

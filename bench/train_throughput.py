@@ -1,7 +1,7 @@
 """Tokens/s and MFU of the trainer's step per recipe, for a model preset, on this machine.
 
     python bench/train_throughput.py [--preset llama3_1b --seq-len 2048 --batch 4 --steps 4]
-                                     [--recipes bf16,fp8_cs,mxfp8,nvfp4] [--tiny]
+                                     [--recipes bf16,fp8_cs,mxfp8,nvfp4] [--set KEY=VALUE ...] [--tiny]
 
 Each recipe trains ``steps`` optimizer steps of the trainer's own jitted step (the config
 the trainer would resolve: recipe defaults, FiLj policy and GEMM backend as "auto" picks
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per recipe (the first compiles)")
     ap.add_argument("--recipes", default="bf16,fp8_cs,mxfp8,nvfp4")
     ap.add_argument("--budget-s", type=float, default=None, help="start no new recipe after this")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every recipe (e.g. model.num_layers=8), after the defaults")
     ap.add_argument("--tiny", action="store_true", help="the tiny preset (a CPU smoke run)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
             print(f"... {recipe}: skipped, time budget of {args.budget_s:.0f} s spent", file=sys.stderr)
             continue
         r = measure(args.preset, recipe, args.seq_len, args.batch, args.steps,
-                    extra if recipe == "nvfp4" else ())
+                    (*(extra if recipe == "nvfp4" else ()), *args.set))
         rows.append((recipe, r["policy"], r["quantized"], r["backend"], f"{r['compile_s']:.0f}",
                      f"{r['step_s'] * 1e3:.0f}", f"{r['tokens_per_sec']:.0f}", f"{r['tflops']:.1f}",
                      "" if r["mfu"] is None else f"{r['mfu']:.3f}", f"{r['loss']:.3f}"))

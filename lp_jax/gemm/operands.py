@@ -49,7 +49,8 @@ PER_TENSOR = F.PER_TENSOR_FORMATS
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Decoded:
-    """An operand quantized for immediate use: its dequantized values over ``factor``."""
+    """An operand quantized for immediate use: its dequantized values over ``factor``, laid
+    out with the contraction axis last (the layout its blocks were computed in)."""
 
     values: jax.Array
     factor: jax.Array | None
@@ -136,7 +137,7 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
 
 def decoded(p: Pending):
     """The reference's form of a Pending operand: its exact dequantized values over the
-    tensor factor, without packed bytes (lp_jax/numerics/decoded.py)."""
+    tensor factor, contraction axis last, without packed bytes (lp_jax/numerics/decoded.py)."""
     t = transformed(p.t, p.spec, p.axis)
     values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))
     return Decoded(values.astype(t.dtype), factor)
@@ -162,9 +163,12 @@ def pad_to(t, axis, multiple):
     return jnp.pad(t, widths)
 
 
-def gemm_inputs(p, compute_dtype):
-    """(values, factor) for the reference GEMM: values of p times factor are its dequantized
-    values. Quantized values are exact in bf16, so any float compute_dtype holds them exactly.
+def gemm_inputs(p, compute_dtype, axis):
+    """(values, factor, contraction axis of values) for the reference GEMM of operand p
+    contracted over its ``axis``: values of p times factor are its dequantized values.
+    Quantized values are exact in bf16, so any float compute_dtype holds them exactly.
+    Operands quantized in a transposed layout (Pending, Transposed) keep it: their
+    contraction axis is last.
 
     The optimization barrier keeps XLA (on GPU, with excess precision allowed) from
     folding the f32 -> fp8 -> bf16 round trip away, which would silently skip quantization.
@@ -173,17 +177,28 @@ def gemm_inputs(p, compute_dtype):
         # The Pallas kernels write bytes (no decode-only kernel); their values are decoded's.
         p = stored(p.t, p.spec, p.axis, p.key) if uses_pallas(p.spec) else decoded(p)
     if isinstance(p, Decoded):
-        return p.values.astype(compute_dtype), p.factor
+        return p.values.astype(compute_dtype), p.factor, p.values.ndim - 1
     if isinstance(p, Transposed):
-        values, factor = gemm_inputs(p.q, compute_dtype)
-        return values.T, factor
+        values, factor, _ = gemm_inputs(p.q, compute_dtype, p.q.data.ndim - 1)
+        return (values, factor, 1) if axis == 0 else (values.T, factor, axis)
     if not isinstance(p, QuantizedTensor):
-        return p.astype(compute_dtype), None
+        return p.astype(compute_dtype), None, axis
     data = lax.optimization_barrier(p.data)
     if p.fmt in PER_TENSOR:
-        return data.astype(compute_dtype), p.scale
+        return data.astype(compute_dtype), p.scale, axis
     values = block_values(dataclasses.replace(p, data=data)).astype(compute_dtype)
-    return values, p.global_scale
+    return values, p.global_scale, axis
+
+
+def contraction_last(v, axis):
+    """2-D v with its contraction ``axis`` last. XLA:CPU runs a BF16 dot as a fast BF16 GEMM
+    only when its lhs contracts its last axis and no transpose feeds it (otherwise it
+    upcasts both operands to FP32, ~4x slower): on CPU the transposed copy is materialized
+    behind a barrier, so XLA cannot fold it back into the dot; elsewhere the GEMM reads
+    either layout and the transpose folds away."""
+    if axis == v.ndim - 1:
+        return v
+    return lax.platform_dependent(v, cpu=lambda v: lax.optimization_barrier(v.T), default=lambda v: v.T)
 
 
 def apply_factors(out, *factors):
@@ -202,7 +217,9 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     An RHT'd pair was zero-padded along M before the transform; since H is orthogonal the
     padded product equals the unpadded one, so nothing needs slicing here.
     """
-    av, fa = gemm_inputs(a, compute_dtype)
-    bv, fb = gemm_inputs(b, compute_dtype)
-    out = lax.dot_general(av, bv, (contracting, ((), ())), preferred_element_type=jnp.float32)
+    (ca,), (cb,) = contracting
+    av, fa, ca = gemm_inputs(a, compute_dtype, ca)
+    bv, fb, cb = gemm_inputs(b, compute_dtype, cb)
+    out = lax.dot_general(contraction_last(av, ca), bv, (((1,), (cb,)), ((), ())),
+                          preferred_element_type=jnp.float32)
     return apply_factors(out, fa, fb).astype(out_dtype)

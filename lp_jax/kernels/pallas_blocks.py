@@ -60,7 +60,7 @@ class BlockCopy:
     def quantize(self, xb, s_enc, noise):
         """xb [..., n, block] -> (data [..., n, block], scales [..., n])."""
         if self.fmt == "mxfp8":
-            return Q.mxfp8_blocks(xb, self.scale_rule)
+            return Q.mxfp8_blocks(xb, self.scale_rule, per_block_barrier=False)
         return Q.nvfp4_blocks(xb, s_enc, "stochastic" if self.stochastic else "nearest", noise)
 
 
@@ -153,7 +153,8 @@ def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, inte
         for rule, view, data_s, scales_s in zip(rules, views, out_s[::2], out_s[1::2]):
             for k in range(view.shape[1] // b):
                 cols = pl.ds(k * b, b)
-                data, code = Q.mxfp8_blocks(plgpu.load(view.at[:, cols], layout=plgpu.Layout.WGMMA), rule)
+                data, code = Q.mxfp8_blocks(plgpu.load(view.at[:, cols], layout=plgpu.Layout.WGMMA), rule,
+                                               per_block_barrier=False)
                 data_s.at[0, :, cols][...] = data
                 scales_s.at[0, k][...] = code
 

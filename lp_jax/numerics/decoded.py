@@ -6,9 +6,11 @@ values. Computing those values straight from the high-precision tensor saves a p
 writes FP4/FP8 data and another that decodes it. Operands the backward keeps (residuals)
 still go through ``lp_jax.quantize`` and are stored packed.
 
-Each function returns (values, factor): float32 values in the shape of t, equal to the
-dequantized tensor divided by the scalar ``factor`` (None when there is none), which the
-GEMM applies to its FP32 result. The rounding is the same code as ``quantize``'s
+Each function returns (values, factor): float32 values of t with the blocked ``axis``
+moved last (the layout the blocks are computed in, which is also the contraction-last
+layout a GEMM reads fastest: moving the axis back would cost a transposed copy), equal to
+the dequantized tensor divided by the scalar ``factor`` (None when there is none), which
+the GEMM applies to its FP32 result. The rounding is the same code as ``quantize``'s
 (tests/test_dot_general.py compares the GEMMs against quantize/dequantize).
 """
 from __future__ import annotations
@@ -17,45 +19,47 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, from_blocks, from_tiles,
-                                      mxfp8_blocks, nvfp4_block_encoding, nvfp4_encode_values,
-                                      nvfp4_tensor_scale, quantize_per_tensor, to_blocks, to_tiles)
+from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, block_amax, from_tiles,
+                                      mxfp8_blocks, mxfp8_decode_factors, nvfp4_block_encoding,
+                                      nvfp4_encode_values, nvfp4_tensor_scale, quantize_per_tensor,
+                                      to_blocks, to_tiles, unblocked)
 
 
-def per_tensor_values(t, dtype):
+def per_tensor_values(t, dtype, axis=-1):
     data, scale_inv = quantize_per_tensor(t, dtype)
     # The barrier keeps XLA on GPU from folding f32 -> fp8 -> f32 away as excess precision.
-    return lax.optimization_barrier(data).astype(jnp.float32), scale_inv
+    return jnp.moveaxis(lax.optimization_barrier(data).astype(jnp.float32), axis, -1), scale_inv
 
 
 def mxfp8_values(t, axis, scale_rule="rceil"):
-    xb = to_blocks(t.astype(jnp.float32), axis, MX_BLOCK)
-    data, code = mxfp8_blocks(xb, scale_rule)
+    # t stays in its own dtype (bf16): the amax is exact in it, and the upcast happens inside
+    # the fused quantization pass instead of in a materialized float32 copy.
+    data, code = mxfp8_blocks(to_blocks(t, axis, MX_BLOCK), scale_rule, block_amax(t, axis, MX_BLOCK))
     data = lax.optimization_barrier(data).astype(jnp.float32)
-    k = code.astype(jnp.int32)[..., None]
-    values = jnp.where(k == 255, jnp.float32(jnp.nan), F.mul_exp2(data, k - 127))
-    return from_blocks(values, axis % t.ndim, t.shape[axis]), None
+    nan, f1, f2 = (a[..., None] for a in mxfp8_decode_factors(code))
+    values = jnp.where(nan, jnp.float32(jnp.nan), data * f1 * f2)  # = F.mul_exp2(data, code - 127)
+    return unblocked(values, t.shape[axis]), None
 
 
 def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
-    tf = t.astype(jnp.float32)
-    s_enc = nvfp4_tensor_scale(abs_max(tf))
+    s_enc = nvfp4_tensor_scale(abs_max(t))
     if block_2d:
-        xt = to_tiles(tf)
+        xt = to_tiles(t)
         s_b, enc = nvfp4_block_encoding(abs_max(xt, axis=(-3, -1)), s_enc)
         q = nvfp4_encode_values(xt, enc[..., :, None, :, None], rounding, key)
         values = from_tiles(q * s_b.astype(jnp.float32)[..., :, None, :, None], *t.shape[-2:])
+        values = jnp.moveaxis(values, axis, -1)
     else:
-        xb = to_blocks(tf, axis, NVFP4_BLOCK)
-        s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=-1), s_enc)
+        xb = to_blocks(t, axis, NVFP4_BLOCK)
+        s_b, enc = nvfp4_block_encoding(block_amax(t, axis, NVFP4_BLOCK), s_enc)
         q = nvfp4_encode_values(xb, enc[..., None], rounding, key)
-        values = from_blocks(q * s_b.astype(jnp.float32)[..., None], axis % t.ndim, t.shape[axis])
+        values = unblocked(q * s_b.astype(jnp.float32)[..., None], t.shape[axis])
     return values, F.recip(s_enc)
 
 
 def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil"):
     if fmt in F.PER_TENSOR_FORMATS:
-        return per_tensor_values(t, F.FORMAT_SPECS[fmt].element)
+        return per_tensor_values(t, F.FORMAT_SPECS[fmt].element, axis)
     if fmt == "mxfp8":
         return mxfp8_values(t, axis, scale_rule)
     return nvfp4_values(t, axis, block_2d, rounding, key)

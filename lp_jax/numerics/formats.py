@@ -96,6 +96,14 @@ def exp2_int(k):
     return lax.bitcast_convert_type(((k + 127) << 23).astype(jnp.uint32), jnp.float32)
 
 
+def exp2_factors(k):
+    """(f1, f2), two normal float32 powers of two with f1 * f2 = 2**k, for integer k in
+    [-254, 254]: ``x * f1 * f2`` is ``mul_exp2(x, k)``, for factors computed once per block."""
+    k = jnp.asarray(k, jnp.int32)
+    half = k // 2
+    return exp2_int(half), exp2_int(k - half)
+
+
 def mul_exp2(x, k):
     """x * 2**k for integer k in [-254, 254], exactly (two normal power-of-two factors).
 
@@ -105,9 +113,7 @@ def mul_exp2(x, k):
     the barrier keeps such constants apart (see ``mul``).
     """
     known = not isinstance(k, jax.core.Tracer)
-    k = jnp.asarray(k, jnp.int32)
-    half = k // 2
-    f1, f2 = exp2_int(half), exp2_int(k - half)
+    f1, f2 = exp2_factors(k)
     if known:
         f1, f2 = lax.optimization_barrier((f1, f2))
     return x * f1 * f2

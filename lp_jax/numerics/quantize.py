@@ -115,14 +115,31 @@ def along_blocks(v, shape):
     return lax.broadcast_in_dim(v, shape, tuple(range(v.ndim)))
 
 
-def mxfp8_blocks(xb, scale_rule="rceil"):
-    """xb: float32 [..., n, 32]. Returns (E4M3 data [..., n, 32], uint8 codes [..., n])."""
-    amax = abs_max(xb, axis=-1)
+def mxfp8_blocks(xb, scale_rule="rceil", amax=None, per_block_barrier=True):
+    """xb: float32 or bf16 [..., n, 32]; amax: its per-block max |x| [..., n] if already
+    taken (``block_amax``). Returns (E4M3 data [..., n, 32], uint8 codes [..., n]).
+
+    The code and its two power-of-two factors are materialized per block (the barrier):
+    fused into the elementwise pass, XLA would redo their integer work for all 32 elements.
+    A Pallas kernel passes per_block_barrier=False (Mosaic GPU has no lowering for the
+    barrier, and a kernel computes each block's factors once anyway); the bits are the same.
+    """
+    amax = abs_max(xb, axis=-1) if amax is None else amax
     code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
     # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
     k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
-    data = F.cast_satfinite(F.mul_exp2(xb, along_blocks(k, xb.shape)), F.E4M3)
+    f1, f2 = F.exp2_factors(k)
+    if per_block_barrier:
+        code, f1, f2 = lax.optimization_barrier((code, f1, f2))
+    # = F.mul_exp2(xb, k), with the factors broadcast along the block in one step
+    data = F.cast_satfinite(xb * along_blocks(f1, xb.shape) * along_blocks(f2, xb.shape), F.E4M3)
     return data, code
+
+
+def mxfp8_decode_factors(code):
+    """Per block: (NaN mask, f1, f2) with q * f1 * f2 = q * 2^(code - 127) (``F.mul_exp2``),
+    materialized for the same reason as in ``mxfp8_blocks``."""
+    return lax.optimization_barrier((code == 255, *F.exp2_factors(code.astype(jnp.int32) - 127)))
 
 
 def nvfp4_block_scales(amax_b, s_enc):
@@ -161,9 +178,10 @@ def nvfp4_block_encoding(amax_b, s_enc):
     return s_b, lax.optimization_barrier(enc)
 
 
-def nvfp4_blocks(xb, s_enc, rounding="nearest", key=None):
-    """xb: float32 [..., n, 16]. Returns (E2M1 data, E4M3 block scales [..., n])."""
-    s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=-1), s_enc)
+def nvfp4_blocks(xb, s_enc, rounding="nearest", key=None, amax=None):
+    """xb: float32 or bf16 [..., n, 16]; amax as for ``mxfp8_blocks``. Returns (E2M1 data,
+    E4M3 block scales [..., n])."""
+    s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=-1) if amax is None else amax, s_enc)
     return nvfp4_encode(xb, enc[..., None], rounding, key), s_b
 
 
@@ -186,9 +204,28 @@ def to_blocks(x, axis, block):
     return split_axis(x, -1, ((n + pad) // block, block))
 
 
+def block_amax(x, axis, block):
+    """The per-block max |x| of ``to_blocks(x, axis, block)``, [..., n_blocks], reduced in x's
+    own layout and dtype: along a non-minor axis, reducing the moved copy would make XLA
+    write out a transposed (and upcast) copy of x first."""
+    axis = axis % x.ndim
+    if axis == x.ndim - 1:
+        return abs_max(to_blocks(x, axis, block), axis=-1)
+    n = x.shape[axis]
+    pad = -n % block
+    if pad:
+        x = jnp.pad(x, [(0, pad) if a == axis else (0, 0) for a in range(x.ndim)])
+    xb = split_axis(x, axis, ((n + pad) // block, block))
+    return jnp.moveaxis(abs_max(xb, axis=axis + 1), axis, -1)
+
+
+def unblocked(xb, n):
+    """[..., blocks, block] -> [..., n]: the blocked axis, still last, without its padding."""
+    return merge_axes(xb, -2, 2)[..., :n]
+
+
 def from_blocks(xb, axis, n):
-    x = merge_axes(xb, -2, 2)[..., :n]
-    return jnp.moveaxis(x, -1, axis)
+    return jnp.moveaxis(unblocked(xb, n), -1, axis)
 
 
 def to_tiles(x, tile=NVFP4_BLOCK):
@@ -261,7 +298,7 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
     if fmt == "mxfp8":
-        data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule)
+        data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule, block_amax(xf, axis, MX_BLOCK))
         data = from_blocks(data_b, axis, x.shape[axis])
         return QuantizedTensor(data, jnp.moveaxis(F.e8m0_from_code(code), -1, axis), None, fmt, axis)
     s_enc = nvfp4_tensor_scale(abs_max(xf) if tensor_amax is None else tensor_amax)
@@ -270,7 +307,8 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
         r, c = x.shape[-2:]
         data_t, s_b = nvfp4_tiles(to_tiles(xf), s_enc, rounding, key)
         return QuantizedTensor(from_tiles(data_t, r, c), s_b, s_dec, fmt, ndim - 1, True)
-    data_b, s_b = nvfp4_blocks(to_blocks(xf, axis, NVFP4_BLOCK), s_enc, rounding, key)
+    data_b, s_b = nvfp4_blocks(to_blocks(xf, axis, NVFP4_BLOCK), s_enc, rounding, key,
+                               block_amax(xf, axis, NVFP4_BLOCK))
     data = from_blocks(data_b, axis, x.shape[axis])
     return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), s_dec, fmt, axis)
 
@@ -286,10 +324,9 @@ def block_values(q: QuantizedTensor):
     q * s_b for NVFP4 (exact in bf16)."""
     data = q.data.astype(jnp.float32)
     if q.fmt == "mxfp8":
-        code = lax.bitcast_convert_type(q.scale, jnp.uint8).astype(jnp.int32)
-        code = _expand(code, q.axis, MX_BLOCK, data.shape[q.axis])
-        values = F.mul_exp2(data, code - 127)
-        return jnp.where(code == 255, jnp.float32(jnp.nan), values)
+        nan, f1, f2 = mxfp8_decode_factors(lax.bitcast_convert_type(q.scale, jnp.uint8))
+        nan, f1, f2 = (_expand(a, q.axis, MX_BLOCK, data.shape[q.axis]) for a in (nan, f1, f2))
+        return jnp.where(nan, jnp.float32(jnp.nan), data * f1 * f2)
     scale = q.scale.astype(jnp.float32)
     if q.block_2d:
         r, c = data.shape[-2:]
