@@ -12,15 +12,11 @@ by 6.8e-5 at steps 4-5 (gradients summed over another micro-batch split differ i
 last bits, and after an update some FP8 codes flip), which says nothing about the resume.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import json, sys
@@ -70,12 +66,8 @@ print(json.dumps({name: [m["loss"] for m in read_metrics(f"{tmp}/{name}")] for n
 
 @pytest.mark.slow
 def test_zero1_checkpoint_resumes_without_it_and_on_other_meshes(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_python(["-c", SCRIPT, str(tmp_path)], xla_flags="--xla_allow_excess_precision=false",
+                      timeout=900)
     out = proc.stderr + proc.stdout
     assert "resumed from step 2" in out and "resumed from step 3" in out
     restored, losses = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]

@@ -16,12 +16,8 @@ must hold:
 - with ZeRO-1 the weights are all-gathered over data once, outside the loop.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import json, math
@@ -68,11 +64,7 @@ print(json.dumps(out))
 
 
 def test_one_data_axis_gradient_reduction_per_step_outside_the_loop():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_python(["-c", SCRIPT], timeout=900)
     for run in json.loads(proc.stdout.strip().splitlines()[-1]):
         where = (run["recipe"], run["mesh"], run["zero1"])
         assert 4 in run["trips"], where  # the micro-batch loop is there

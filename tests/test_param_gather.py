@@ -12,10 +12,6 @@ first step equals param_gather off, with FP8/FP4 bytes in the compiled all-gathe
 scalar all-reduce(max) per tensor amax; (slow) a checkpoint crosses param_gather on/off.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +24,13 @@ from lp_jax.gemm.param_gather import _from_wire, _to_wire
 from lp_jax.training.config import PrecisionConfig
 from lp_jax.training.weight_gather import set_weight_gathers
 from models import llama
+from tests.forced_devices import run_python
 
-ROOT = Path(__file__).resolve().parents[1]
 MESHES = ((1, 8, 1), (2, 4, 1), (2, 2, 2))
 
 
 def _subprocess(args, timeout=600):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc.stdout
+    return run_python(args, timeout=timeout).stdout
 
 
 @pytest.mark.parametrize("dtype", [jnp.float4_e2m1fn, jnp.float8_e4m3fn, jnp.float8_e8m0fnu])
