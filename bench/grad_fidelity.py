@@ -32,7 +32,7 @@ from bench.common import platform_line, print_table  # noqa: E402
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir  # noqa: E402
 from lp_jax.training.mesh import make_mesh  # noqa: E402
 from lp_jax.training.state import split_model  # noqa: E402
-from lp_jax.training.step import _forward_nll  # noqa: E402
+from lp_jax.training.step import forward_nll  # noqa: E402
 
 
 def text_batch(tokenizer, text: str, rows: int, seq_len: int) -> dict:
@@ -52,7 +52,7 @@ def loss_and_grads(model, recipe: str, batch: dict, mesh):
     graphdef, params, rest = split_model(model)
 
     def mean_nll(p):
-        nll, count = _forward_nll(graphdef, p, rest, batch, jax.random.key(0), mesh)
+        nll, count = forward_nll(graphdef, p, rest, batch, jax.random.key(0), mesh)
         return nll / count
 
     loss, grads = jax.jit(jax.value_and_grad(mean_nll))(params)

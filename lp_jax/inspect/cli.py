@@ -128,7 +128,7 @@ def _loss_of_mask(model, recipe, mesh, batches):
 
     from lp_jax.telemetry.training import scan_layers_for_probe
     from lp_jax.training.state import split_model
-    from lp_jax.training.step import _forward_nll
+    from lp_jax.training.step import forward_nll
 
     num_layers = sens_lib.make_selectable(model, recipe)
     scan_layers_for_probe(model)  # one traced layer body for a uniform stack
@@ -139,7 +139,7 @@ def _loss_of_mask(model, recipe, mesh, batches):
     def nll(params, rest, batch, mask):
         with sens_lib.quantized_layers(mask):
             micro = jax.tree.map(lambda a: a[0], batch)
-            return _forward_nll(graphdef, params, rest, micro, key, mesh)
+            return forward_nll(graphdef, params, rest, micro, key, mesh)
 
     def loss_of_mask(mask) -> float:
         total = count = 0.0

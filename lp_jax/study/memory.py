@@ -59,12 +59,12 @@ def _residuals(graphdef, params, rest, batch: int, seq_len: int) -> list[tuple]:
     # The trainer's own micro-batch forward (same model call, recipe and loss), on one
     # device: activations are counted per device and micro-batch.
     from lp_jax.training.mesh import make_mesh
-    from lp_jax.training.step import _forward_nll
+    from lp_jax.training.step import forward_nll
 
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
     def loss(p, micro, key):
-        return _forward_nll(graphdef, p, rest, micro, key, mesh)[0]
+        return forward_nll(graphdef, p, rest, micro, key, mesh)[0]
 
     return saved_residuals(loss, params, _micro_batch(batch, seq_len), jax.random.key(0))
 

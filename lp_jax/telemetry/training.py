@@ -19,7 +19,7 @@ from lp_jax.telemetry.writer import QuantStatsWriter
 from lp_jax.training.state import split_model
 # The forward the train step differentiates (same mesh rules, same rng_scope), reused so
 # the probe's GEMMs see what the step's see.
-from lp_jax.training.step import _forward_nll
+from lp_jax.training.step import forward_nll
 
 _STATS_KEY_TAG = 0x51A75  # folds the probe's own key (stochastically rounded statistics)
 
@@ -30,7 +30,7 @@ def probe_step(graphdef, layout, mesh, params, rest, batch, rng, step):
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)  # as the train step
 
     def loss(params):
-        nll, count = _forward_nll(graphdef, params, rest, micro, jax.random.fold_in(step_key, 0), mesh)
+        nll, count = forward_nll(graphdef, params, rest, micro, jax.random.fold_in(step_key, 0), mesh)
         return nll, count  # the step differentiates the summed NLL: the same dy
 
     stats, _ = collect(loss, layout, jax.random.fold_in(step_key, _STATS_KEY_TAG), params)

@@ -95,7 +95,9 @@ def token_nll(logits, targets, mask):
     return jnp.sum((log_z - target_logit) * mask), jnp.sum(mask)
 
 
-def _forward_nll(graphdef, params, rest, micro, key, mesh, manual=()):
+def forward_nll(graphdef, params, rest, micro, key, mesh, manual=()):
+    """(summed token NLL, token count) of one micro-batch: the loss the step differentiates,
+    also run by the quant-stats probe, lp_jax.inspect, the study's memory probe and bench."""
     model = nnx.merge(graphdef, params, rest)
     # The abstract mesh makes the model's logical constraints (models.sharding) concrete;
     # jit's in/out shardings supply the devices. Inside the data shard_map the context
@@ -196,7 +198,7 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     (FSDP reduce-scatters each micro-batch's, ZeRO-3)."""
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
     grad_fn = jax.value_and_grad(
-        lambda p, micro, key: _forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual),
+        lambda p, micro, key: forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual),
         has_aux=True)
     grad_specs = state_shardings(params, spec.mesh)
     if manual:  # inside the shard_map: specs, read against its (partly manual) mesh
@@ -272,7 +274,7 @@ def _eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
 
     def body(carry, xs):
         micro, index = xs
-        nll, count = _forward_nll(graphdef, state["params"], state["rest"], micro,
+        nll, count = forward_nll(graphdef, state["params"], state["rest"], micro,
                                   jax.random.fold_in(key, index), spec.mesh)
         return (carry[0] + nll, carry[1] + count), None
 
