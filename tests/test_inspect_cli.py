@@ -1,25 +1,12 @@
 """python -m lp_jax.inspect on a real (two-step, two-layer) training run: the table, the
-sensitivity, the override, inspect.md and the heatmap; one-line errors for bad input."""
+sensitivity, the override, inspect.md and the heatmap; one-line errors for bad input on a real run (the others: test_bad_input_inspect.py)."""
 import pytest
 
 from lp_jax.inspect.cli import main
 from lp_jax.training.loop import run
 from lp_jax.training.validate import resolve
+from tests.test_bad_input_inspect import _error
 from tests.test_training_loop import tiny
-
-
-def _error(capsys, argv) -> str:
-    assert main(argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m lp_jax.inspect: error: ")
-    return lines[0]
-
-
-def test_bad_input_is_one_line(tmp_path, capsys):
-    assert "no such folder" in _error(capsys, [str(tmp_path / "nope")])
-    (tmp_path / "config.yaml").write_text("model: {preset: tiny}\n")
-    assert "no checkpoints" in _error(capsys, [str(tmp_path)])
-    assert "--batches 0: must be at least 1" in _error(capsys, [str(tmp_path), "--batches", "0"])
 
 
 @pytest.mark.slow
@@ -29,6 +16,8 @@ def test_inspect_a_run(tmp_path, token_cache, capsys):
                      "precision.first_bf16_layers=0", "logging.val_batches=0")))
     assert "unknown recipe 'fp9'" in _error(capsys, [str(run_dir), "--recipe", "fp9"])
     assert "quantizes nothing" in _error(capsys, [str(run_dir), "--recipe", "bf16"])
+    assert _error(capsys, [str(run_dir), "--hf", str(tmp_path / "nope")]) == f"--hf {tmp_path / 'nope'}: no such folder"
+    assert not (run_dir / "inspect.md").exists()
     assert main([str(run_dir), "--batches", "1", "--budget", "50"]) == 0
     out = capsys.readouterr().out
     assert "recipe fp8_cs on every layer; 1 batch(es)" in out
