@@ -133,8 +133,8 @@ def operand_stats(t, spec, axis: int, key=None):
     """float32 [len(STATS)] for 2-D operand ``t`` quantized by ``spec`` along ``axis``.
     ``key``: the stochastic-rounding key, needed when ``spec.stochastic``.
 
-    The sums are stacked into one integer and one float reduction over the elements and one
-    of each over the blocks: every separate reduction is another kernel to compile."""
+    Every statistic is a full reduction of an elementwise expression (XLA fuses each with its
+    producers); the probe computes 42 of these per layer, so they decide its run time."""
     if spec.fmt is None:
         raise ValueError("operand_stats: a BF16 operand is not quantized")
     t = transformed(t, spec, axis).astype(jnp.float32)
@@ -143,33 +143,39 @@ def operand_stats(t, spec, axis: int, key=None):
     nonzero = finite & (b.t != 0)  # zero padding never counts
     kept = nonzero & jnp.isfinite(b.deq)  # not lost to a NaN block (MXFP8), where codes mean nothing
     fmax = F.max_of(F.FORMAT_SPECS[spec.fmt].element)
-    counts = _sums(jnp.int32, nonzero, kept & b.zero, kept & (jnp.abs(b.stored) == fmax),
-                   finite & ~jnp.isfinite(b.deq))
-    n_nonzero, n_underflow, n_saturated, n_lost = (counts[i] for i in range(4))
     used = jnp.isfinite(b.amax) & (b.amax > 0)
     # SQNR sums normalized by the largest finite block amax, so they cannot overflow.
     scale = jnp.max(jnp.where(used, b.amax, 0))
     scale = jnp.where(scale > 0, scale, 1)
-    # Each side scaled before the difference: a difference of tiny values would be a
-    # float32 subnormal, which CPU arithmetic flushes to zero.
-    signal, noise = _sums(jnp.float32, jnp.where(finite, jnp.square(b.t / scale), 0),
-                          jnp.where(finite & jnp.isfinite(b.deq),
-                                    jnp.square(b.t / scale - b.deq / scale), 0))
+    count = lambda mask: mask.astype(jnp.int32)  # noqa: E731
+    n_nonzero, n_underflow, n_saturated, n_lost, signal, noise = _sums(
+        count(nonzero), count(kept & b.zero), count(kept & (jnp.abs(b.stored) == fmax)),
+        count(finite & ~jnp.isfinite(b.deq)),
+        # Each side scaled before the difference: a difference of tiny values would be a
+        # float32 subnormal, which CPU arithmetic flushes to zero.
+        jnp.where(finite, jnp.square(b.t / scale), 0),
+        jnp.where(finite & jnp.isfinite(b.deq), jnp.square(b.t / scale - b.deq / scale), 0))
     exact = noise == 0
     db = 10 * jnp.log10(signal / jnp.where(exact, 1, noise))
     sqnr = jnp.where(n_lost > 0, -jnp.inf, jnp.where(exact, jnp.inf, db))
-    n_used, n_limit = _sums(jnp.int32, used, used & b.at_limit)
+    n_used, n_limit = _sums(count(used), count(used & b.at_limit))
     has_exp = used & ~jnp.isnan(b.exponent)
-    extremes = jnp.max(jnp.stack([jnp.where(has_exp, -b.exponent, -jnp.inf),
-                                  jnp.where(has_exp, b.exponent, -jnp.inf)], -1).reshape(-1, 2), axis=0)
-    any_exp = jnp.isfinite(extremes[1])
+    exp_min = jnp.min(jnp.where(has_exp, b.exponent, jnp.inf))
+    exp_max = jnp.max(jnp.where(has_exp, b.exponent, -jnp.inf))
+    any_exp = jnp.isfinite(exp_max)
     return jnp.stack([abs_max(t), _fraction(n_underflow, n_nonzero), _fraction(n_saturated, n_nonzero),
-                      sqnr, jnp.where(any_exp, -extremes[0], jnp.nan),
-                      jnp.where(any_exp, extremes[1], jnp.nan),
+                      sqnr, jnp.where(any_exp, exp_min, jnp.nan), jnp.where(any_exp, exp_max, jnp.nan),
                       _fraction(n_limit, n_used)]).astype(jnp.float32)
 
 
-def _sums(dtype, *per_element):
-    """Sums of same-shaped arrays over all their elements, as one reduction."""
-    stacked = jnp.stack([x.astype(dtype) for x in per_element], -1)
-    return jnp.sum(stacked.reshape(-1, len(per_element)), axis=0)
+def _sums(*per_element):
+    """The sums over all elements of same-shaped arrays (int32 or float32), each in two
+    stages: over the last axis (a block's elements), then over the rest. XLA:CPU runs a
+    last-axis reduction as one loop over the elementwise expression it sums; a sum over
+    everything at once becomes a tree of reduce-windows over the expression written out at
+    full size. The barrier keeps XLA from merging the two stages back into one. Measured on
+    a 2048 x 384 NVFP4 operand (CPU): the statistics 2x faster than one [n, k] reduction of
+    the stacked arrays, which was 4-6x slower than a row reduction; one variadic reduction
+    computing every sum in one pass was slower than separate ones."""
+    firsts = lax.optimization_barrier([jnp.sum(x, axis=-1) for x in per_element])
+    return tuple(jnp.sum(f) for f in firsts)
