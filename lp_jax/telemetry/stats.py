@@ -101,7 +101,6 @@ def _mxfp8(t, axis, scale_rule):
 
 
 def _nvfp4(t, axis, block_2d, rounding, key):
-    s_enc = nvfp4_tensor_scale(abs_max(t))
     if block_2d:
         xb, amax_axes = to_tiles(t), (-3, -1)
         expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
@@ -109,6 +108,7 @@ def _nvfp4(t, axis, block_2d, rounding, key):
         xb, amax_axes = to_blocks(t, axis, NVFP4_BLOCK), -1
         expand = lambda per_block: per_block[..., None]  # noqa: E731
     amax = abs_max(xb, axis=amax_axes)
+    s_enc = nvfp4_tensor_scale(abs_max(amax))  # the tensor's amax, from its blocks' (the same bits)
     s_b, enc = nvfp4_block_encoding(amax, s_enc)
     stored = nvfp4_encode_values(xb, expand(enc), rounding, key)
     s_b = s_b.astype(jnp.float32)
@@ -163,7 +163,9 @@ def operand_stats(t, spec, axis: int, key=None):
     exp_min = jnp.min(jnp.where(has_exp, b.exponent, jnp.inf))
     exp_max = jnp.max(jnp.where(has_exp, b.exponent, -jnp.inf))
     any_exp = jnp.isfinite(exp_max)
-    return jnp.stack([abs_max(t), _fraction(n_underflow, n_nonzero), _fraction(n_saturated, n_nonzero),
+    # The tensor's amax as the largest block amax: the same bits as abs_max(t) (a max over
+    # maxima; zero padding adds nothing), without another pass over the tensor.
+    return jnp.stack([abs_max(b.amax), _fraction(n_underflow, n_nonzero), _fraction(n_saturated, n_nonzero),
                       sqnr, jnp.where(any_exp, exp_min, jnp.nan), jnp.where(any_exp, exp_max, jnp.nan),
                       _fraction(n_limit, n_used)]).astype(jnp.float32)
 
