@@ -36,7 +36,39 @@ def test_mxfp8_both_copies_lower():  # bf16 only: float32's transposed load does
     assert cuda_lowering_error(pair, X, key) is None
 
 
+@pytest.mark.parametrize("axis,rounding,dtype", [(1, "nearest", jnp.bfloat16), (1, "stochastic", jnp.float32),
+                                                  (0, "stochastic", jnp.bfloat16)])
+def test_nvfp4_1x16_amax_and_copy_lower(axis, rounding, dtype):
+    """The tensor amax, then the 1x16 copy: along the last axis (the row copy) or the first
+    (the column copy, written transposed and swapped back by XLA)."""
+    x = jax.ShapeDtypeStruct((72, 136), dtype)  # ragged: tiles of 64 and 128
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    fn = lambda t, k: lp.quantize(t, "nvfp4", axis, rounding=rounding, key=k, impl="pallas")  # noqa: E731
+    assert cuda_lowering_error(fn, x, key) is None
+
+
+@pytest.mark.parametrize("rounding,dtype", [("nearest", jnp.float32), ("stochastic", jnp.bfloat16)])
+def test_nvfp4_16x16_tiles_lower(rounding, dtype):
+    x = jax.ShapeDtypeStruct((2, 40, 136), dtype)  # batched weights, ragged on both sides
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    fn = lambda t, k: lp.quantize(t, "nvfp4", block_2d=True, rounding=rounding, key=k, impl="pallas")  # noqa: E731
+    assert cuda_lowering_error(fn, x, key) is None
+
+
+@pytest.mark.parametrize("row_sr", [False, True])
+def test_nvfp4_wgrad_pair_with_rht_and_sr_lowers(row_sr):
+    """x's and dy's copies in the dot_general: the row copy and the column copy after the
+    16-point RHT along the tokens with stochastic rounding, each with its own tensor amax
+    (the amax after the RHT from the same read), R not a multiple of 16 (the RHT pads)."""
+    row = OperandSpec("nvfp4", stochastic=row_sr, quantize_impl="pallas")
+    col = OperandSpec("nvfp4", stochastic=True, rht=True, quantize_impl="pallas")
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    pair = lambda t, k: operand_pair(t, row, 1, col, 0, k, k, keep_b=True)  # noqa: E731
+    assert cuda_lowering_error(pair, jax.ShapeDtypeStruct((40, 96), jnp.bfloat16), key) is None
+
+
 def test_a_kernel_mosaic_gpu_refuses_is_reported():
-    """The check can fail: the NVFP4 1x16 kernel does not lower yet (docs/backends.md)."""
-    error = cuda_lowering_error(lambda t: lp.quantize(t, "nvfp4", impl="pallas"), X)
+    """The check can fail: MXFP8 along a first axis (the column copy not transposed) does not
+    lower yet (docs/backends.md)."""
+    error = cuda_lowering_error(lambda t: lp.quantize(t, "mxfp8", 0, impl="pallas"), X)
     assert error is not None and error.split(":")[0].endswith("Error")
