@@ -13,7 +13,7 @@ from lp_jax.gemm.operands import operand_pair
 from lp_jax.kernels.launch import cuda_lowering_error
 from lp_jax.recipes import OperandSpec
 
-X = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)  # ragged: padded to 64x96 tiles of 32-multiples
+X = jax.ShapeDtypeStruct((64, 96), jnp.bfloat16)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
@@ -67,8 +67,20 @@ def test_nvfp4_wgrad_pair_with_rht_and_sr_lowers(row_sr):
     assert cuda_lowering_error(pair, jax.ShapeDtypeStruct((40, 96), jnp.bfloat16), key) is None
 
 
+@pytest.mark.parametrize("rule", ["rceil", "floor"])
+def test_mxfp8_along_a_middle_axis_lowers(rule):
+    """The column copy in place (strided views of the tile, no transposed store)."""
+    x = jax.ShapeDtypeStruct((3, 72, 40), jnp.float32)
+    assert cuda_lowering_error(lambda t: lp.quantize(t, "mxfp8", 1, scale_rule=rule, impl="pallas"), x) is None
+
+
 def test_a_kernel_mosaic_gpu_refuses_is_reported():
-    """The check can fail: MXFP8 along a first axis (the column copy not transposed) does not
-    lower yet (docs/backends.md)."""
-    error = cuda_lowering_error(lambda t: lp.quantize(t, "mxfp8", 0, impl="pallas"), X)
+    """The check can fail: FP8's transposed copy (which the dot_general never asks for) does
+    not lower yet (docs/backends.md)."""
+    from lp_jax.kernels.pallas_fp8 import fp8_cast
+    from lp_jax.kernels.tiles import tiling
+    from lp_jax.numerics.formats import E4M3
+    one = jnp.ones((1,), jnp.float32)
+    x3 = jax.ShapeDtypeStruct((1, 64, 96), jnp.bfloat16)
+    error = cuda_lowering_error(lambda t: fp8_cast(t, one, E4M3, tiling(t.shape), transposed=True), x3)
     assert error is not None and error.split(":")[0].endswith("Error")

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.kernels.launch import SMEM_LANES, Block, tiled_kernel
-from lp_jax.kernels.pallas_nvfp4 import Tile, is_interpreted, rht_amax_bits
+from lp_jax.kernels.pallas_nvfp4 import rht_amax_bits
+from lp_jax.kernels.strided import Tile, is_interpreted
 from lp_jax.kernels.tiles import Tiling
 from lp_jax.numerics.quantize import abs_max
 

@@ -11,9 +11,9 @@ A tile of the [A, R, C] view is read once and gives:
 Each copy is quantized by ``lp_jax.numerics.quantize.mxfp8_blocks`` applied to the tile, so
 the rounding is the XLA path's by construction. Copies with the column copy transposed (or
 no column copy) go through ``mxfp8_copies``, written slice by slice so that Mosaic GPU
-lowers it for CUDA; an untransposed column copy through ``block_copies``' whole-tile form,
-which runs in the interpreter but does not lower yet (docs/backends.md). NVFP4 has its own
-kernels (lp_jax/kernels/pallas_nvfp4.py).
+lowers it for CUDA; an untransposed column copy through ``mxfp8_cols_in_place``, on strided
+views of the tile (lp_jax/kernels/strided.py). NVFP4 has its own kernels
+(lp_jax/kernels/pallas_nvfp4.py).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lp_jax.kernels.launch import Block, swizzled, tiled_kernel
+from lp_jax.kernels.strided import LANES, Tile, amax_bits, as_f32, is_interpreted, loop
 from lp_jax.kernels.tiles import Tiling
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import quantize as Q
@@ -42,10 +43,6 @@ class BlockCopy:
     def block(self) -> int:
         return F.BLOCK_SIZES[self.fmt]
 
-    def quantize(self, xb):
-        """xb [..., n, block] -> (E4M3 data [..., n, block], uint8 codes [..., n])."""
-        return Q.mxfp8_blocks(xb, self.scale_rule, per_block_barrier=False)
-
 
 def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *, col_transposed=True,
                  interpret=None):
@@ -55,32 +52,43 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     [A, R/32, C]."""
     if col is None or col_transposed:
         return mxfp8_copies(x3, t, row and row.scale_rule, col and col.scale_rule, interpret)
+    if row is not None:
+        return (list(mxfp8_copies(x3, t, row.scale_rule, None, interpret))
+                + list(mxfp8_cols_in_place(x3, t, col.scale_rule, interpret)))
+    return mxfp8_cols_in_place(x3, t, col.scale_rule, interpret)
+
+
+def mxfp8_cols_in_place(x3, t: Tiling, rule: str, interpret=None):
+    """The MXFP8 column copy (1x32 blocks along R) in the tile's layout: data [A, R, C],
+    codes [A, R/32, C], padded. Mosaic GPU has no transposed 8-bit store and no 32-row WGMMA
+    slice (docs/backends.md), so the tile is read as 32 strided row views (``strided.Tile``:
+    view k holds row k of 128 blocks), the block amax is their elementwise max, and each
+    view is scaled, cast and stored in place: ``mxfp8_blocks``' arithmetic, elementwise."""
+    b = F.BLOCK_SIZES["mxfp8"]
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
+    interpreted = is_interpreted(interpret)
 
-    def compute(_, x):
-        x = x[0]
-        out = []
-        for spec, xt, is_row in ((row, x, True), (col, x.T, False)):
-            if spec is not None:
-                n, m = xt.shape
-                data, scales = spec.quantize(xt.reshape(n, m // spec.block, spec.block))
-                data = data.reshape(n, m)
-                out += [data[None], scales[None]] if is_row else [data.T[None], scales.T[None]]
-        return out
+    def compute(_, x_s, data_s, codes_s):
+        x, data, codes = (Tile(r.at[0], interpreted) for r in (x_s, data_s, codes_s))
+        nrb = tr // b if interpreted else LANES // tc  # row blocks per step (all when interpreted)
+
+        def chunk(c, carry):
+            r = pl.ds(c * nrb, nrb)
+            parts = [x.load((tr // b, b, tc), None, (r, k, slice(None))) for k in range(b)]
+            code, f1, f2 = Q.mxfp8_block_factors(as_f32(amax_bits(parts)), rule)
+            for k, p in enumerate(parts):
+                data.store((tr // b, b, tc), None, (r, k, slice(None)), F.cast_satfinite(p * f1 * f2, F.E4M3))
+            codes.store((tr // b, tc), None, (r, slice(None)), code)
+            return carry
+
+        loop(tr // b // nrb, chunk, 0, interpreted)
+        data.flush(), codes.flush()
 
     tile = lambda a, i, j: (a, i, j)  # noqa: E731
-    outs, blocks = [], []
-    for spec, (dr, dc) in ((row, (1, spec_block(row))), (col, (spec_block(col), 1))):
-        if spec is not None:
-            outs += [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3),
-                     jax.ShapeDtypeStruct((a_n, rp // dr, cp // dc), jnp.uint8)]
-            blocks += [Block((1, tr, tc), tile), Block((1, tr // dr, tc // dc), tile)]
-    return tiled_kernel(compute, [x3], [Block((1, tr, tc), tile)], outs, blocks, t.grid, interpret)
-
-
-def spec_block(spec: BlockCopy | None) -> int:
-    return 1 if spec is None else spec.block
+    outs = [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, rp // b, cp), jnp.uint8)]
+    blocks = [Block((1, tr, tc), tile), Block((1, tr // b, tc), tile)]
+    return tiled_kernel(compute, [x3], [Block((1, tr, tc), tile)], outs, blocks, t.grid, interpret, by_ref=True)
 
 
 def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, interpret=None):

@@ -22,23 +22,19 @@ Scales are written with the tile's long side last (a TMA copy moves rows of a mu
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from lp_jax.kernels.launch import WHOLE, Block, interpret_params, tiled_kernel
+from lp_jax.kernels.launch import WHOLE, Block, tiled_kernel
+from lp_jax.kernels.strided import LANES, Tile, amax_bits, as_f32, iota, is_interpreted, loop, u32
 from lp_jax.kernels.tiles import Tiling, round_up
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import quantize as Q
 from lp_jax.numerics.hadamard import rht_parts
 
 B = Q.NVFP4_BLOCK
-LANES = 128  # a warpgroup: every array below holds one element per thread
 PAIRS = B // 2  # packed bytes per block
 # 16x16 tiles: a 256x128 kernel tile holds 16 x 8 = 128 of them, one per thread.
 TILE_2D = (256, 128)
@@ -63,92 +59,6 @@ def e2m1_unpack(packed):
     return lax.bitcast_convert_type(nibbles.reshape(packed.shape[:-1] + (-1,)), F.E2M1)
 
 
-@dataclasses.dataclass
-class Tile:
-    """An SMEM tile read and written through strided views ``view(shape, perm, idx)``: the
-    tile reshaped to ``shape``, its axes permuted by ``perm`` (or not), indexed by ``idx``.
-
-    Compiled, the views are SMEM refs (Mosaic GPU lowers a reshaped, transposed, indexed
-    ref to a strided memref). Pallas's GPU interpreter supports neither reshaped nor
-    dynamically indexed refs (JAX 0.11.2, 0.12.0.1), so there the tile is read once as a
-    value, viewed the same way, and written back once (``flush``); the arithmetic on the
-    views is the same code either way.
-    """
-
-    ref: object
-    interpreted: bool
-    value: object = None
-
-    def __post_init__(self):
-        if self.interpreted:
-            self.value = self.ref[...]
-
-    def _ref_view(self, shape, perm, idx):
-        v = self.ref if tuple(shape) == tuple(self.ref.shape) else self.ref.reshape(*shape)
-        v = v if perm is None else v.transpose(perm)
-        return v.at[idx]
-
-    def load(self, shape, perm, idx):
-        """The view as float32, one element per thread."""
-        if self.interpreted:
-            v = self.value.reshape(shape)
-            v = v if perm is None else jnp.transpose(v, perm)
-            return v[_static(idx)].astype(jnp.float32)
-        view = self._ref_view(shape, perm, idx)
-        return plgpu.load(view, layout=_layout(view.shape)).astype(jnp.float32)
-
-    def store(self, shape, perm, idx, x):
-        if not self.interpreted:
-            self._ref_view(shape, perm, idx)[...] = x
-            return
-        v = self.value.reshape(shape)
-        v = v if perm is None else jnp.transpose(v, perm)
-        # The whole view is replaced, not scattered into (a scatter of a full slice makes an
-        # array constant, which a kernel may not capture).
-        v = x if tuple(x.shape) == tuple(v.shape) else v.at[_static(idx)].set(x)
-        v = v if perm is None else jnp.transpose(v, tuple(int(p) for p in np.argsort(perm)))
-        self.value = v.reshape(self.ref.shape)
-
-    def flush(self):
-        if self.interpreted:
-            self.ref[...] = self.value
-
-
-def _static(idx):
-    """An index of ints and pl.ds as NumPy indexing (the interpreter's loops are static)."""
-    return tuple(slice(i.start, i.start + i.size) if isinstance(i, pl.Slice) else i for i in idx)
-
-
-def _loop(n, body, init, interpreted, start=0):
-    """lax.fori_loop compiled (one copy of the body); a Python loop in the interpreter."""
-    if not interpreted:
-        return lax.fori_loop(start, n, body, init)
-    for c in range(start, n):
-        init = body(c, init)
-    return init
-
-
-def _layout(shape):
-    return plgpu.Layout.WG_STRIDED(tuple(shape), vec_size=1)
-
-
-def _iota(shape, dim):
-    return plgpu.broadcasted_iota(jnp.uint32, shape, dim, layout=_layout(shape))
-
-
-def _amax_bits(parts):
-    """Elementwise max |p| over the arrays, as uint32 bits of float32 (NaN above inf)."""
-    bits = [lax.bitcast_convert_type(jnp.abs(p), jnp.uint32) for p in parts]
-    m = bits[0]
-    for b in bits[1:]:
-        m = jnp.maximum(m, b)
-    return m
-
-
-def _as_f32(bits):
-    return lax.bitcast_convert_type(bits, jnp.float32)
-
-
 def _encode(parts, enc, stochastic, seeds, index):
     """Packed bytes of the 16 (or 16 of a tile row's) positions: [byte m] = code(2m) |
     code(2m+1) << 4. index(k): uint32 flat indices of position k's elements (SR)."""
@@ -157,10 +67,6 @@ def _encode(parts, enc, stochastic, seeds, index):
         noise = (lambda shape, k=k: F.uniform_from_index(seeds, index(k))) if stochastic else None
         codes.append(Q.nvfp4_encode_codes(p, enc, "stochastic" if stochastic else "nearest", noise))
     return [(codes[2 * m] | (codes[2 * m + 1] << 4)).astype(jnp.uint8) for m in range(len(parts) // 2)]
-
-
-def _u32(v):
-    return jnp.asarray(v).astype(jnp.uint32)
 
 
 def _rows(x: Tile, data: Tile, scales: Tile, s_enc, stochastic, seeds, first, width):
@@ -174,15 +80,15 @@ def _rows(x: Tile, data: Tile, scales: Tile, s_enc, stochastic, seeds, first, wi
     def chunk(c, carry):
         r = pl.ds(c * rows, rows)
         parts = [x.load((tr, nb, B), None, (r, slice(None), k)) for k in range(B)]
-        s_b, enc = Q.nvfp4_block_encoding(_as_f32(_amax_bits(parts)), s_enc, barrier=False)
-        row0 = (_u32(first[0]) + _u32(c * rows) + _iota((rows, nb), 0)) * jnp.uint32(width)
-        col0 = _u32(first[1]) + _iota((rows, nb), 1) * jnp.uint32(B)
+        s_b, enc = Q.nvfp4_block_encoding(as_f32(amax_bits(parts)), s_enc, barrier=False)
+        row0 = (u32(first[0]) + u32(c * rows) + iota((rows, nb), 0)) * jnp.uint32(width)
+        col0 = u32(first[1]) + iota((rows, nb), 1) * jnp.uint32(B)
         for m, byte in enumerate(_encode(parts, enc, stochastic, seeds, lambda k: row0 + col0 + jnp.uint32(k))):
             data.store((tr, nb, PAIRS), None, (r, slice(None), m), byte)
         scales.store((nb, tr), (1, 0), (r, slice(None)), s_b)
         return carry
 
-    _loop(tr // rows, chunk, 0, x.interpreted)
+    loop(tr // rows, chunk, 0, x.interpreted)
 
 
 def _row_blocks(x: Tile):
@@ -207,29 +113,25 @@ def _cols(x: Tile, data: Tile, scales: Tile, s_enc, stochastic, rht, seeds, firs
     def chunk(c, carry):
         r = pl.ds(c * nrb, nrb)
         parts = _col_parts(x, r, rht)
-        s_b, enc = Q.nvfp4_block_encoding(_as_f32(_amax_bits(parts)), s_enc, barrier=False)
-        col = (_u32(first[0]) + _iota((nrb, tc), 1)) * jnp.uint32(width)
-        row0 = _u32(first[1]) + (_u32(c * nrb) + _iota((nrb, tc), 0)) * jnp.uint32(B)
+        s_b, enc = Q.nvfp4_block_encoding(as_f32(amax_bits(parts)), s_enc, barrier=False)
+        col = (u32(first[0]) + iota((nrb, tc), 1)) * jnp.uint32(width)
+        row0 = u32(first[1]) + (u32(c * nrb) + iota((nrb, tc), 0)) * jnp.uint32(B)
         for m, byte in enumerate(_encode(parts, enc, stochastic, seeds, lambda k: col + row0 + jnp.uint32(k))):
             # data [tc, tr/2] seen as [row block, pair, column]
             data.store((tc, tr // B, PAIRS), (1, 2, 0), (r, m, slice(None)), byte)
         scales.store((tr // B, tc), None, (r, slice(None)), s_b)
         return carry
 
-    _loop(tr // B // nrb, chunk, 0, x.interpreted)
+    loop(tr // B // nrb, chunk, 0, x.interpreted)
 
 
 def rht_amax_bits(x: Tile):
     """max |RHT_R(x)| of the tile x [tr, tc] as a uint32 array of 128 partial maxima."""
     tr, tc = x.ref.shape
     nrb = _row_blocks(x)
-    part_max = lambda c: _amax_bits(_col_parts(x, pl.ds(c * nrb, nrb), True))  # noqa: E731
+    part_max = lambda c: amax_bits(_col_parts(x, pl.ds(c * nrb, nrb), True))  # noqa: E731
     # The loop carries a strided array from the first step (a zeros splat has another layout).
-    return _loop(tr // B // nrb, lambda c, m: jnp.maximum(m, part_max(c)), part_max(0), x.interpreted, start=1)
-
-
-def is_interpreted(interpret) -> bool:
-    return interpret_params(interpret) is not None
+    return loop(tr // B // nrb, lambda c, m: jnp.maximum(m, part_max(c)), part_max(0), x.interpreted, start=1)
 
 
 def nvfp4_copies(x3, t: Tiling, row: bool, col: bool, *, s_enc, seeds, row_stochastic=False,
@@ -298,18 +200,18 @@ def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, inter
         row_parts = lambda k: [x.load((nrb, B, nb, B), None, (slice(None), k, slice(None), l))  # noqa: E731
                                for l in range(B)]
         if interpreted:
-            amax = jnp.max(_amax_bits(row_parts(ks)), axis=1)
+            amax = jnp.max(amax_bits(row_parts(ks)), axis=1)
         else:
-            amax = lax.fori_loop(1, B, lambda k, m: jnp.maximum(m, _amax_bits(row_parts(k))),
-                                 _amax_bits(row_parts(0)))
-        s_b, enc = Q.nvfp4_block_encoding(_as_f32(amax), s_s[0], barrier=False)
+            amax = lax.fori_loop(1, B, lambda k, m: jnp.maximum(m, amax_bits(row_parts(k))),
+                                 amax_bits(row_parts(0)))
+        s_b, enc = Q.nvfp4_block_encoding(as_f32(amax), s_s[0], barrier=False)
         scales.store((nb, nrb), (1, 0), (slice(None), slice(None)), s_b)
         # quantize indexes SR bits in the 16-padded [..., R, C] layout
-        row = on_k(_u32(a * round_up(t.r, B) + i * tr) + _iota((nrb, nb), 0) * jnp.uint32(B))
-        col = on_k(_u32(j * tc) + _iota((nrb, nb), 1) * jnp.uint32(B))
+        row = on_k(u32(a * round_up(t.r, B) + i * tr) + iota((nrb, nb), 0) * jnp.uint32(B))
+        col = on_k(u32(j * tc) + iota((nrb, nb), 1) * jnp.uint32(B))
 
         def encode_rows(k, carry):
-            kk = lax.broadcasted_iota(jnp.uint32, (1, B, 1), 1) if interpreted else _u32(k)
+            kk = lax.broadcasted_iota(jnp.uint32, (1, B, 1), 1) if interpreted else u32(k)
             base = (row + kk) * jnp.uint32(round_up(t.c, B)) + col
             packed = _encode(row_parts(k), on_k(enc), stochastic, (seeds_s[0], seeds_s[1]),
                              lambda l: base + jnp.uint32(l))

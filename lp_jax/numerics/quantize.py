@@ -124,16 +124,20 @@ def mxfp8_blocks(xb, scale_rule="rceil", amax=None, per_block_barrier=True):
     A Pallas kernel passes per_block_barrier=False (Mosaic GPU has no lowering for the
     barrier, and a kernel computes each block's factors once anyway); the bits are the same.
     """
-    amax = abs_max(xb, axis=-1) if amax is None else amax
-    code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
-    # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
-    k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
-    f1, f2 = F.exp2_factors(k)
+    code, f1, f2 = mxfp8_block_factors(abs_max(xb, axis=-1) if amax is None else amax, scale_rule)
     if per_block_barrier:
         code, f1, f2 = lax.optimization_barrier((code, f1, f2))
     # = F.mul_exp2(xb, k), with the factors broadcast along the block in one step
     data = F.cast_satfinite(xb * along_blocks(f1, xb.shape) * along_blocks(f2, xb.shape), F.E4M3)
     return data, code
+
+
+def mxfp8_block_factors(amax, scale_rule="rceil"):
+    """Per block: (uint8 E8M0 code, f1, f2), the data being cast_satfinite(x * f1 * f2, E4M3)."""
+    code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
+    # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
+    k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
+    return (code, *F.exp2_factors(k))
 
 
 def mxfp8_decode_factors(code):
