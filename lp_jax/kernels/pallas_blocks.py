@@ -11,9 +11,9 @@ A tile of the [A, R, C] view is read once and gives:
 Each copy is quantized by ``lp_jax.numerics.quantize.mxfp8_blocks`` applied to the tile, so
 the rounding is the XLA path's by construction. Copies with the column copy transposed (or
 no column copy) go through ``mxfp8_copies``, written slice by slice so that Mosaic GPU
-lowers it for CUDA; an untransposed column copy through ``mxfp8_cols_in_place``, on strided
-views of the tile (lp_jax/kernels/strided.py). NVFP4 has its own kernels
-(lp_jax/kernels/pallas_nvfp4.py).
+lowers it for CUDA; an untransposed column copy, or a transposed one from float32, through
+``mxfp8_col_copy``, on strided views of the tile (lp_jax/kernels/strided.py). NVFP4 has its
+own kernels (lp_jax/kernels/pallas_nvfp4.py).
 """
 from __future__ import annotations
 
@@ -49,25 +49,31 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
     """The row and/or column copy of x3 [A, R, C] (padded to whole tiles). Returns [row data,
     row scales] + [column data, column scales], padded: row data [A, R, C], scales
     [A, R, C/32]; column data [A, C, R] and scales [A, C, R/32] (transposed) or [A, R, C] and
-    [A, R/32, C]."""
-    if col is None or col_transposed:
+    [A, R/32, C].
+
+    Both copies come from one kernel (``mxfp8_copies``) except where its WGMMA-layout column
+    copy does not lower: in place, and transposed from float32 (a transposed 32-bit load);
+    those take ``mxfp8_col_copy``'s strided views, a second read of the tile."""
+    if col is None or (col_transposed and x3.dtype.itemsize == 2):
         return mxfp8_copies(x3, t, row and row.scale_rule, col and col.scale_rule, interpret)
-    if row is not None:
-        return (list(mxfp8_copies(x3, t, row.scale_rule, None, interpret))
-                + list(mxfp8_cols_in_place(x3, t, col.scale_rule, interpret)))
-    return mxfp8_cols_in_place(x3, t, col.scale_rule, interpret)
+    rows = list(mxfp8_copies(x3, t, row.scale_rule, None, interpret)) if row is not None else []
+    return rows + mxfp8_col_copy(x3, t, col.scale_rule, col_transposed, interpret)
 
 
-def mxfp8_cols_in_place(x3, t: Tiling, rule: str, interpret=None):
-    """The MXFP8 column copy (1x32 blocks along R) in the tile's layout: data [A, R, C],
-    codes [A, R/32, C], padded. Mosaic GPU has no transposed 8-bit store and no 32-row WGMMA
-    slice (docs/backends.md), so the tile is read as 32 strided row views (``strided.Tile``:
-    view k holds row k of 128 blocks), the block amax is their elementwise max, and each
-    view is scaled, cast and stored in place: ``mxfp8_blocks``' arithmetic, elementwise."""
+def mxfp8_col_copy(x3, t: Tiling, rule: str, transposed: bool, interpret=None):
+    """The MXFP8 column copy (1x32 blocks along R): data [A, C, R] and codes [A, C, R/32]
+    (transposed) or data [A, R, C] and codes [A, R/32, C], padded. Mosaic GPU has no
+    transposed 8-bit store from the WGMMA layout and no 32-row WGMMA slice (docs/backends.md),
+    so the tile is read as 32 strided row views (``strided.Tile``: view k holds row k of 128
+    blocks), the block amax is their elementwise max, and each view is scaled, cast and
+    stored, in place or through a transposed view of the output: ``mxfp8_blocks``'
+    arithmetic, elementwise."""
     b = F.BLOCK_SIZES["mxfp8"]
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
     interpreted = is_interpreted(interpret)
+    # the data as [row block, row in block, column]: the tile's layout, or the transposed output's
+    data_view = ((tc, tr // b, b), (1, 2, 0)) if transposed else ((tr // b, b, tc), None)
 
     def compute(_, x_s, data_s, codes_s):
         x, data, codes = (Tile(r.at[0], interpreted) for r in (x_s, data_s, codes_s))
@@ -78,7 +84,7 @@ def mxfp8_cols_in_place(x3, t: Tiling, rule: str, interpret=None):
             parts = [x.load((tr // b, b, tc), None, (r, k, slice(None))) for k in range(b)]
             code, f1, f2 = Q.mxfp8_block_factors(as_f32(amax_bits(parts)), rule)
             for k, p in enumerate(parts):
-                data.store((tr // b, b, tc), None, (r, k, slice(None)), F.cast_satfinite(p * f1 * f2, F.E4M3))
+                data.store(*data_view, (r, k, slice(None)), F.cast_satfinite(p * f1 * f2, F.E4M3))
             codes.store((tr // b, tc), None, (r, slice(None)), code)
             return carry
 
@@ -86,9 +92,14 @@ def mxfp8_cols_in_place(x3, t: Tiling, rule: str, interpret=None):
         data.flush(), codes.flush()
 
     tile = lambda a, i, j: (a, i, j)  # noqa: E731
-    outs = [jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), jax.ShapeDtypeStruct((a_n, rp // b, cp), jnp.uint8)]
-    blocks = [Block((1, tr, tc), tile), Block((1, tr // b, tc), tile)]
-    return tiled_kernel(compute, [x3], [Block((1, tr, tc), tile)], outs, blocks, t.grid, interpret, by_ref=True)
+    swap = lambda a, i, j: (a, j, i)  # noqa: E731
+    data_out = (jax.ShapeDtypeStruct((a_n, cp, rp), F.E4M3), Block((1, tc, tr), swap)) if transposed else (
+        jax.ShapeDtypeStruct((a_n, rp, cp), F.E4M3), Block((1, tr, tc), tile))
+    outs = [data_out[0], jax.ShapeDtypeStruct((a_n, rp // b, cp), jnp.uint8)]
+    blocks = [data_out[1], Block((1, tr // b, tc), tile)]
+    data, codes = tiled_kernel(compute, [x3], [Block((1, tr, tc), tile)], outs, blocks, t.grid, interpret,
+                               by_ref=True)
+    return [data, jnp.swapaxes(codes, 1, 2) if transposed else codes]
 
 
 def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, interpret=None):
