@@ -4,6 +4,7 @@ ragged shapes, special and non-finite values (Pallas GPU interpreter on CPU)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import lp_jax as lp
 from tests.pallas_checks import both_impls as _both
@@ -32,6 +33,7 @@ def test_nvfp4_16x16_tiles_and_non_finite_tensors():
     _both(jnp.zeros((50,), jnp.bfloat16), "nvfp4")  # 1-D, all zeros
 
 
+@pytest.mark.slow  # about 40 s on 2 cores: 2 x 2 tiles of 128 in the interpreter
 def test_nvfp4_grids_of_several_tiles_draw_the_same_bits():
     """Tiles past the first (i, j > 0, and a batch for 16x16): each tile's amax partial,
     scales and SR indices land where the XLA path puts them."""
