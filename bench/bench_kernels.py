@@ -39,7 +39,7 @@ def _peak():
 
 
 def _single(fmt, **kw):
-    """lp.quantize of t along its last axis."""
+    """lp.quantize of t (along its last axis unless kw says another)."""
     return lambda impl: lambda t, key: quantize(t, fmt, impl=impl, **kw)
 
 
@@ -63,7 +63,9 @@ CASES = [  # name, maker, output bytes per element (data + scales)
     ("fp8_e4m3 per tensor", _single("fp8_e4m3"), 1.0),
     ("mxfp8 1x32 (rows)", _single("mxfp8"), 1 + 1 / 32),
     ("mxfp8 both copies (rows + transposed cols)", _pair(OperandSpec("mxfp8"), OperandSpec("mxfp8")), 2 + 2 / 32),
+    ("mxfp8 1x32 along the first axis (cols in place)", _single("mxfp8", axis=0), 1 + 1 / 32),
     ("nvfp4 1x16 (rows)", _single("nvfp4"), 0.5 + 1 / 16),
+    ("nvfp4 1x16 along the first axis (cols, swapped back)", _single("nvfp4", axis=0), 0.5 + 1 / 16),
     ("nvfp4 16x16 tiles", _single("nvfp4", block_2d=True), 0.5 + 1 / 256),
     ("nvfp4 wgrad dy: RHT + SR, transposed", _col(OperandSpec("nvfp4", rht=True, stochastic=True)), 0.5 + 1 / 16),
     ("nvfp4 dy both copies (SR; RHT+SR)", _pair(NV_SR, OperandSpec("nvfp4", rht=True, stochastic=True)), 1 + 2 / 16),

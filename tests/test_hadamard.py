@@ -90,3 +90,16 @@ def test_length_not_a_multiple_of_16_is_an_error_or_exact_zero_padding():
         return
     padded = np.pad(x, [(0, 0), (0, 8)])
     np.testing.assert_array_equal(_f32(out), ref.hadamard(padded))
+
+
+def test_rht_parts_gives_the_transform_along_a_leading_axis_bit_for_bit():
+    """The Pallas kernels' elementwise form (16 strided views in, 16 out) is the XLA path's
+    transform along a non-minor axis, bits included (general bf16 inputs, not exact sums)."""
+    from lp_jax.numerics.hadamard import rht_parts
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((32, 24)) * 100, jnp.bfloat16)
+    blocks = x.astype(jnp.float32).reshape(2, 16, 24)
+    got = jnp.stack(rht_parts([blocks[:, k, :] for k in range(16)]), axis=1).reshape(32, 24)
+    want = lp.hadamard(x, axis=0)
+    assert got.dtype == want.dtype and np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    with pytest.raises(ValueError, match="^rht_parts takes 16 arrays, got 15$"):
+        rht_parts([blocks[:, 0, :]] * 15)

@@ -6,33 +6,39 @@ in any order gives ``quantize``'s amax bit for bit, NaN included (jnp.max propag
 Each tile writes its partial max SMEM_LANES times (Mosaic GPU stores vectors of a multiple
 of 128 elements, not a lone scalar); the copies change no max.
 With ``rht`` it also returns the amax of the tensor after the 16-point Hadamard transform
-along R (NVFP4's wgrad copy takes its own tensor scale there), from the same read.
+along R (NVFP4's wgrad copy takes its own tensor scale there), from the same read: the
+transform of the tile's 16 strided row views (``pallas_nvfp4.rht_amax_bits``, the form
+Mosaic GPU lowers), maxed elementwise, then reduced.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from jax import lax
+
 from lp_jax.kernels.launch import SMEM_LANES, Block, tiled_kernel
+from lp_jax.kernels.pallas_nvfp4 import rht_amax_bits
+from lp_jax.kernels.strided import Tile, is_interpreted
 from lp_jax.kernels.tiles import Tiling
-from lp_jax.numerics.hadamard import hadamard
 from lp_jax.numerics.quantize import abs_max
 
 
 def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpret=None):
     """x3: [A, R, C] padded to whole tiles. Returns the float32 amaxes asked for, as a tuple:
-    (max |x|,) and/or (max |RHT_R(x)|,)."""
-    def compute(_, x):
-        x = x[0]
-        out = [abs_max(x)] if plain else []
+    (max |x|,) and/or (max |RHT_R(x)|,). With ``rht``, the tiles are ``nvfp4_tiling``'s."""
+    def compute(_, x_s, *out_s):
+        out = [abs_max(x_s.at[0][...])] if plain else []
         if rht:
-            out.append(abs_max(hadamard(x, axis=0)))
-        return [jnp.broadcast_to(m, (1, 1, SMEM_LANES)) for m in out]
+            bits = rht_amax_bits(Tile(x_s.at[0], is_interpreted(interpret)))
+            out.append(lax.bitcast_convert_type(jnp.max(bits), jnp.float32))
+        for o, m in zip(out_s, out):
+            o[...] = jnp.broadcast_to(m, (1, 1, SMEM_LANES))
 
     n_out = int(plain) + int(rht)
     a_n, n_i, n_j = t.grid
     partial = jax.ShapeDtypeStruct((a_n, n_i, n_j * SMEM_LANES), jnp.float32)
     one = Block((1, 1, SMEM_LANES), lambda a, i, j: (a, i, j))
     parts = tiled_kernel(compute, [x3], [Block((1, t.tr, t.tc), lambda a, i, j: (a, i, j))],
-                         [partial] * n_out, [one] * n_out, t.grid, interpret)
+                         [partial] * n_out, [one] * n_out, t.grid, interpret, by_ref=True)
     return tuple(jnp.max(p) for p in parts)

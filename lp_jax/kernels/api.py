@@ -14,9 +14,10 @@ import math
 import jax.numpy as jnp
 
 from lp_jax.kernels.amax import tensor_amax
-from lp_jax.kernels.pallas_blocks import BlockCopy, block_copies, nvfp4_tile_copy
+from lp_jax.kernels.pallas_blocks import BlockCopy, block_copies
 from lp_jax.kernels.pallas_fp8 import fp8_cast
-from lp_jax.kernels.tiles import TILE_MULTIPLE, WGMMA_TILE_MULTIPLE, pad, tiling
+from lp_jax.kernels.pallas_nvfp4 import nvfp4_copies, nvfp4_tile_copy, nvfp4_tiling, tile_2d_tiling
+from lp_jax.kernels.tiles import WGMMA_TILE_MULTIPLE, pad, tiling
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (NVFP4_BLOCK, QuantizedTensor, nvfp4_tensor_scale,
                                       tensor_scale_fp8)
@@ -51,7 +52,7 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
     if block_2d:
         r, c = shape[-2:]
         x3 = x.reshape(-1, r, c)
-        t = tiling(x3.shape)
+        t = tile_2d_tiling(x3.shape)
         xp = pad(x3, t)
         (amax,) = tensor_amax(xp, t, interpret=interpret)
         s_enc = nvfp4_tensor_scale(amax)
@@ -61,41 +62,35 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
         return QuantizedTensor(data[:, :r, :c].reshape(shape), scales[:, :nr, :nc].reshape(shape[:-2] + (nr, nc)),
                                F.recip(s_enc), fmt, ndim - 1, True)
 
-    spec = BlockCopy(fmt, scale_rule, stochastic)
-    n, b = shape[axis], spec.block
-    nb = -(-n // b)
+    n = shape[axis]
+    nb = -(-n // F.BLOCK_SIZES[fmt])
     last = axis == ndim - 1
     x3 = x.reshape(1, -1, n) if last else x.reshape(math.prod(shape[:axis]), n, math.prod(shape[axis + 1:]))
-    t = tiling(x3.shape, multiple=tile_multiple(fmt))
-    xp = pad(x3, t)
-    s_enc = None
     if fmt == "nvfp4":
+        t = nvfp4_tiling(x3.shape)
+        xp = pad(x3, t)
         (amax,) = tensor_amax(xp, t, interpret=interpret)
         s_enc = nvfp4_tensor_scale(amax)
-    pair = lambda v: None if v is None else jnp.stack([v, v])  # noqa: E731
-    seeds4 = jnp.concatenate([seeds, seeds])
+        data, scales = nvfp4_copies(xp, t, last, not last, s_enc=jnp.stack([s_enc, s_enc]),
+                                    seeds=jnp.concatenate([seeds, seeds]), row_stochastic=stochastic,
+                                    col_stochastic=stochastic, interpret=interpret)
+        if not last:  # the kernel writes the column copy transposed; XLA swaps it back
+            data, scales = jnp.swapaxes(data, 1, 2), jnp.swapaxes(scales, 1, 2)
+        global_scale = F.recip(s_enc)
+    else:
+        t = tiling(x3.shape, multiple=WGMMA_TILE_MULTIPLE)
+        spec = BlockCopy(fmt, scale_rule)
+        data, scales = block_copies(pad(x3, t), t, spec if last else None, None if last else spec,
+                                    col_transposed=False, interpret=interpret)
+        global_scale = None
     if last:
-        data, scales = block_copies(xp, t, spec, None, s_enc=pair(s_enc), seeds=seeds4, interpret=interpret)
         data, scales = data[0, :t.r, :t.c], scales[0, :t.r, :nb]
         scale_shape = shape[:-1] + (nb,)
     else:
-        data, scales = block_copies(xp, t, None, spec, s_enc=pair(s_enc), seeds=seeds4, col_transposed=False,
-                                    interpret=interpret)
         data, scales = data[:, :t.r, :t.c], scales[:, :nb, :t.c]
         scale_shape = shape[:axis] + (nb,) + shape[axis + 1:]
-    global_scale = None if s_enc is None else F.recip(s_enc)
     return QuantizedTensor(data.reshape(shape), scale_codes(scales, fmt).reshape(scale_shape), global_scale,
                            fmt, axis)
-
-
-def _block_copy(spec) -> BlockCopy:
-    """The kernel's BlockCopy for a recipe's OperandSpec (a 1-D block format)."""
-    return BlockCopy(spec.fmt, spec.scale_rule, spec.stochastic, spec.rht)
-
-
-def tile_multiple(fmt):
-    """Tile sides for a block format's kernels (see tiles.WGMMA_TILE_MULTIPLE)."""
-    return WGMMA_TILE_MULTIPLE if fmt == "mxfp8" else TILE_MULTIPLE
 
 
 def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, interpret=None):
@@ -105,31 +100,38 @@ def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, inte
     ``stored(t, col_spec, axis=0)``, R zero-padded to 16 for the RHT as the XLA path pads).
     Specs: recipe OperandSpecs of one block format, or None for a copy not wanted."""
     r, c = t.shape
-    row = None if row_spec is None else _block_copy(row_spec)
-    col = None if col_spec is None else _block_copy(col_spec)
-    if col is not None and col.rht and r % NVFP4_BLOCK:
+    fmt = (row_spec or col_spec).fmt
+    rht = col_spec is not None and col_spec.rht
+    if rht and r % NVFP4_BLOCK:
         t = jnp.pad(t, ((0, -r % NVFP4_BLOCK), (0, 0)))  # exact: the XLA path pads the same
     x3 = t[None]
-    tl = tiling(x3.shape, multiple=tile_multiple((row or col).fmt))
-    xp = pad(x3, tl)
     s_enc = None
-    if (row or col).fmt == "nvfp4":
-        want_plain = row is not None or not col.rht
-        amaxes = tensor_amax(xp, tl, plain=want_plain, rht=col is not None and col.rht, interpret=interpret)
+    if fmt == "nvfp4":
+        tl = nvfp4_tiling(x3.shape)
+        xp = pad(x3, tl)
+        amaxes = tensor_amax(xp, tl, plain=row_spec is not None or not rht, rht=rht, interpret=interpret)
         s_enc = jnp.stack([nvfp4_tensor_scale(amaxes[0]), nvfp4_tensor_scale(amaxes[-1])])
-    seeds = jnp.concatenate([sr_seed_pair(row_key, row is not None and row.stochastic),
-                             sr_seed_pair(col_key, col is not None and col.stochastic)])
-    outs = list(block_copies(xp, tl, row, col, s_enc=s_enc, seeds=seeds, interpret=interpret))
+        stochastic = lambda s: s is not None and s.stochastic  # noqa: E731
+        seeds = jnp.concatenate([sr_seed_pair(row_key, stochastic(row_spec)), sr_seed_pair(col_key, stochastic(col_spec))])
+        outs = nvfp4_copies(xp, tl, row_spec is not None, col_spec is not None, s_enc=s_enc, seeds=seeds,
+                            row_stochastic=stochastic(row_spec), col_stochastic=stochastic(col_spec), rht=rht,
+                            interpret=interpret)
+    else:
+        tl = tiling(x3.shape, multiple=WGMMA_TILE_MULTIPLE)
+        row, col = (None if s is None else BlockCopy(s.fmt, s.scale_rule) for s in (row_spec, col_spec))
+        outs = block_copies(pad(x3, tl), tl, row, col, interpret=interpret)
+    outs = list(outs)
+    block = F.BLOCK_SIZES[fmt]
     row_q = col_q = None
-    if row is not None:
+    if row_spec is not None:
         data, scales = outs.pop(0), outs.pop(0)
-        nb = -(-c // row.block)
-        row_q = QuantizedTensor(data[0, :r, :c], scale_codes(scales[0, :r, :nb], row.fmt),
-                                None if s_enc is None else F.recip(s_enc[0]), row.fmt, 1)
-    if col is not None:
+        nb = -(-c // block)
+        row_q = QuantizedTensor(data[0, :r, :c], scale_codes(scales[0, :r, :nb], fmt),
+                                None if s_enc is None else F.recip(s_enc[0]), fmt, 1)
+    if col_spec is not None:
         data, scales = outs.pop(0), outs.pop(0)
         rr = tl.r
-        nb = -(-rr // col.block)
-        col_q = QuantizedTensor(data[0, :c, :rr], scale_codes(scales[0, :c, :nb], col.fmt),
-                                None if s_enc is None else F.recip(s_enc[1]), col.fmt, 1)
+        nb = -(-rr // block)
+        col_q = QuantizedTensor(data[0, :c, :rr], scale_codes(scales[0, :c, :nb], fmt),
+                                None if s_enc is None else F.recip(s_enc[1]), fmt, 1)
     return row_q, col_q

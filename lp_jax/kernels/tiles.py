@@ -2,19 +2,16 @@
 
 Every kernel sees a 3-D view ``[A, R, C]`` of its tensor (A: a batch of independent
 matrices, e.g. the leading axes of a blocked-along-a-middle-axis tensor) and runs one grid
-point per (a, R-tile, C-tile). Tiles are multiples of 32 on both sides (a whole number of
-MXFP8 and NVFP4 blocks, 16x16 tiles and RHT groups either way; 64 for MXFP8, whose kernel
-needs 64-row register tiles); a ragged tensor is zero-padded to whole tiles first (zeros
-change no block's amax and are sliced off after).
+point per (a, R-tile, C-tile). Tiles are multiples of 32 on both sides (64 for MXFP8, whose
+kernel needs 64-row register tiles; NVFP4's kernels choose their own, in pallas_nvfp4.py);
+a ragged tensor is zero-padded to whole tiles first (zeros change no block's amax and are
+sliced off after).
 """
 from __future__ import annotations
 
 import dataclasses
 
 import jax.numpy as jnp
-from jax import lax
-
-from lp_jax.numerics import formats as F
 
 MAX_TILE = 128  # a 128x128 bf16 tile is 32 KiB of SMEM; outputs need at most as much again
 TILE_MULTIPLE = 32  # the MXFP8 block; a multiple of NVFP4's 16
@@ -54,17 +51,3 @@ def pad(x3, t: Tiling):
     """x3 zero-padded to whole tiles (a no-op, no copy, when it already is)."""
     widths = [(0, p - n) for n, p in zip(x3.shape, t.padded)]
     return jnp.pad(x3, widths) if any(w for _, w in widths) else x3
-
-
-def flat_index(shape, row0, col0, width):
-    """uint32 [rows, cols] = (row0 + i) * width + col0 + j: the flat index in a row-major
-    layout of ``width`` columns of the tile that starts at (row0, col0)."""
-    i = lax.broadcasted_iota(jnp.uint32, shape, 0)
-    j = lax.broadcasted_iota(jnp.uint32, shape, 1)
-    return (jnp.asarray(row0, jnp.uint32) + i) * jnp.uint32(width) + jnp.asarray(col0, jnp.uint32) + j
-
-
-def noise_at(seeds, index):
-    """Stochastic-rounding noise for the elements at flat ``index`` (formats._noise calls it
-    with the shape it needs: the tile's blocked layout, the same elements in order)."""
-    return lambda shape: F.uniform_from_index(seeds, index.reshape(shape))

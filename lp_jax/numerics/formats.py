@@ -297,13 +297,12 @@ def _noise(key, shape):
     return key(shape) if callable(key) else uniform_from_counter(key, shape)
 
 
-def _e2m1_from_magnitude_code(mag, v):
-    """float4_e2m1fn from a magnitude code 0..7 (float32) and the sign of v, by bits.
+def e2m1_from_codes(code):
+    """float4_e2m1fn from 4-bit codes held in an unsigned integer (``e2m1_codes``), by a bitcast.
 
     XLA's f32 -> f4e2m1fn convert is a slow generic routine on CPU; building the 4-bit
     code and bitcasting it is about 2.5x faster and gives the same bits (tests compare).
     """
-    code = mag.astype(jnp.uint8) | (jnp.signbit(v).astype(jnp.uint8) << 3)
     return lax.bitcast_convert_type(code.astype(jnp.uint4), E2M1)
 
 
@@ -317,11 +316,17 @@ def _e2m1_code_nearest(a):
     return jnp.where(a < 2, jnp.round(a * 2), jnp.where(a < 4, jnp.round(a) + 2, jnp.round(a * 0.5) + 4))
 
 
+def _floor_non_negative(s):
+    """floor(s) for float32 s >= 0 or NaN (kept), through an int32 round trip: the same values
+    as jnp.floor there, and it lowers in a Pallas kernel (Mosaic GPU has no floor rule)."""
+    return jnp.where(s != s, s, s.astype(jnp.int32).astype(jnp.float32))
+
+
 def _e2m1_code_stochastic(a, key):
     """Magnitude code of a = |v| rounded up with probability (a - lo) / (hi - lo)."""
     scaled = jnp.where(a < 2, a * 2, jnp.where(a < 4, a, a * 0.5))
     offset = jnp.where(a < 2, 0.0, jnp.where(a < 4, 2.0, 4.0))
-    lo = jnp.floor(scaled)
+    lo = _floor_non_negative(scaled)
     up = _noise(key, a.shape) < scaled - lo
     return lo + offset + up.astype(jnp.float32)
 
@@ -331,9 +336,19 @@ def _e2m1_code(v, rounding, key):
     return _e2m1_code_stochastic(a, key) if rounding == "stochastic" else _e2m1_code_nearest(a)
 
 
+def e2m1_codes(v, rounding="nearest", key=None):
+    """The 4-bit E2M1 codes (magnitude code | sign << 3, in uint32) of float32 v (clipped to
+    [-6, 6]) rounded to nearest even, or stochastically with key.
+
+    Integer work in 32 bits, the sign taken from v's bits (as ``signbit``, with no boolean in
+    between): a Pallas kernel's Mosaic GPU lowering refuses arithmetic on 8-bit values and a
+    conversion to booleans held one per thread."""
+    return _e2m1_code(v, rounding, key).astype(jnp.uint32) | ((f32_bits(v) >> 31) << 3)
+
+
 def e2m1_round(v, rounding="nearest", key=None):
     """v (clipped to [-6, 6]) rounded to E2M1 (nearest even, or stochastic with key)."""
-    return _e2m1_from_magnitude_code(_e2m1_code(v, rounding, key), v)
+    return e2m1_from_codes(e2m1_codes(v, rounding, key))
 
 
 def e2m1_round_values(v, rounding="nearest", key=None):

@@ -81,3 +81,19 @@ def _fast_walsh_hadamard(x, axis):
         b = lax.index_in_dim(v, 1, ax, keepdims=True)
         v = jnp.concatenate([a + b, a - b], axis=ax)
     return (v * np.float32(0.25)).reshape(x.shape).astype(jnp.bfloat16)
+
+
+def rht_parts(parts):
+    """The RHT of 16 float32 arrays holding the 16 positions of each tile along the transformed
+    axis, as 16 bf16 arrays: ``_fast_walsh_hadamard``'s operations in its order (signs, then
+    butterflies over index bits 8, 4, 2, 1, then x 1/4), elementwise, so the bits are its bits.
+    A Pallas kernel applies it to the 16 strided views of an SMEM tile (no reshape, concatenate
+    or iota, which Mosaic GPU does not lower in that layout)."""
+    if len(parts) != RHT_SIZE:
+        raise ValueError(f"rht_parts takes {RHT_SIZE} arrays, got {len(parts)}")
+    v = [p * np.float32(s) for p, s in zip(parts, RHT_SIGNS)]
+    for stride in (8, 4, 2, 1):
+        for k in range(RHT_SIZE):
+            if not k & stride:
+                v[k], v[k + stride] = v[k] + v[k + stride], v[k] - v[k + stride]
+    return [(p * np.float32(0.25)).astype(jnp.bfloat16) for p in v]

@@ -124,16 +124,20 @@ def mxfp8_blocks(xb, scale_rule="rceil", amax=None, per_block_barrier=True):
     A Pallas kernel passes per_block_barrier=False (Mosaic GPU has no lowering for the
     barrier, and a kernel computes each block's factors once anyway); the bits are the same.
     """
-    amax = abs_max(xb, axis=-1) if amax is None else amax
-    code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
-    # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
-    k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
-    f1, f2 = F.exp2_factors(k)
+    code, f1, f2 = mxfp8_block_factors(abs_max(xb, axis=-1) if amax is None else amax, scale_rule)
     if per_block_barrier:
         code, f1, f2 = lax.optimization_barrier((code, f1, f2))
     # = F.mul_exp2(xb, k), with the factors broadcast along the block in one step
     data = F.cast_satfinite(xb * along_blocks(f1, xb.shape) * along_blocks(f2, xb.shape), F.E4M3)
     return data, code
+
+
+def mxfp8_block_factors(amax, scale_rule="rceil"):
+    """Per block: (uint8 E8M0 code, f1, f2), the data being cast_satfinite(x * f1 * f2, E4M3)."""
+    code = F.e8m0_code_rceil(amax) if scale_rule == "rceil" else F.e8m0_code_floor(amax)
+    # q = x * 2^(127 - e); a NaN block (255) gets any finite multiplier, it decodes to NaN.
+    k = 127 - jnp.where(code == 255, 127, code.astype(jnp.int32))
+    return (code, *F.exp2_factors(k))
 
 
 def mxfp8_decode_factors(code):
@@ -142,14 +146,17 @@ def mxfp8_decode_factors(code):
     return lax.optimization_barrier((code == 255, *F.exp2_factors(code.astype(jnp.int32) - 127)))
 
 
-def nvfp4_block_scales(amax_b, s_enc):
+def nvfp4_block_scales(amax_b, s_enc, barrier=True):
     """s_b = cast_satfinite_e4m3(amax_b * (S_enc * fp32(1/6))), the product formed first.
 
     Every user widens s_b back to FP32 (for enc_b, for q * s_b): without the barrier, XLA's
     GPU pass that drops f32 -> fp8 -> f32 chains as excess precision would skip the E4M3
-    rounding of the block scales. A no-op on CPU; per block, so it costs little.
+    rounding of the block scales. A no-op on CPU; per block, so it costs little. A Pallas
+    kernel passes barrier=False: Mosaic GPU rounds as written, and has no barrier rule for
+    8-bit values held one per thread (``NotImplementedError: 1``).
     """
-    return lax.optimization_barrier(F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3))
+    s_b = F.cast_satfinite(amax_b * (s_enc * INV_E2M1_MAX), F.E4M3)
+    return lax.optimization_barrier(s_b) if barrier else s_b
 
 
 def _nvfp4_scaled(x, enc):
@@ -161,21 +168,27 @@ def nvfp4_encode(x, enc, rounding="nearest", key=None):
     return F.e2m1_round(_nvfp4_scaled(x, enc), rounding, key)
 
 
+def nvfp4_encode_codes(x, enc, rounding="nearest", key=None):
+    """``nvfp4_encode``'s 4-bit codes as uint32 (what a Pallas kernel packs two per byte)."""
+    return F.e2m1_codes(_nvfp4_scaled(x, enc), rounding, key)
+
+
 def nvfp4_encode_values(x, enc, rounding="nearest", key=None):
     """The float32 values of ``nvfp4_encode(x, enc, ...)``, with no fp4 convert (for GEMM
     operands that are decoded at once: lp_jax/numerics/decoded.py)."""
     return F.e2m1_round_values(_nvfp4_scaled(x, enc), rounding, key)
 
 
-def nvfp4_block_encoding(amax_b, s_enc):
+def nvfp4_block_encoding(amax_b, s_enc, barrier=True):
     """(E4M3 block scales s_b, float32 encode factors enc_b), one per block.
 
     The barrier materializes enc_b per block: fused into the elementwise pass, XLA would
-    redo its exact integer arithmetic for every element (3x slower on CPU).
+    redo its exact integer arithmetic for every element (3x slower on CPU). A Pallas kernel
+    computes each block's factor once anyway and passes barrier=False (same bits).
     """
-    s_b = nvfp4_block_scales(amax_b, s_enc)
+    s_b = nvfp4_block_scales(amax_b, s_enc, barrier)
     enc = F.nvfp4_encode_factor(s_b.astype(jnp.float32), F.recip(s_enc))
-    return s_b, lax.optimization_barrier(enc)
+    return s_b, lax.optimization_barrier(enc) if barrier else enc
 
 
 def nvfp4_blocks(xb, s_enc, rounding="nearest", key=None, amax=None):
