@@ -193,7 +193,7 @@ def test_platform_dependent_under_shard_map_remat_and_vmap():
 
 # ----------------------------------------------------------------- the tiny Llama's train step
 
-def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
+def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False, num_layers=None):
     """(graphdef, StepSpec, state, SwapReport) of the trainer's step for the tiny Llama."""
     from models import llama
     from lp_jax.training import state as state_lib
@@ -204,6 +204,8 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False):
     from tests.toy_models import opt_spec
 
     cfg = llama.preset("tiny", dtype=jnp.dtype(dtype), scan_layers=scan_layers)
+    if num_layers is not None:
+        cfg = cfg.replace(num_layers=num_layers)
     mesh = make_mesh(1, 1)
     spec = StepSpec(opt_spec(), 1, mesh)
     tx = make_optimizer(spec.optimizer)
@@ -227,15 +229,16 @@ def _step_args(graphdef, spec, state):
 @pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
 def test_llama_train_step_with_each_backend_forced_matches_reference(name):
     """One optimizer step, FP32 activations (so the GEMMs differ only in summation order):
-    loss, gradient norm and updated parameters agree to 1e-6."""
+    loss, gradient norm and updated parameters agree to 1e-6. Two layers, the first
+    quantized and the last in BF16 (compiling four layers twice per recipe took minutes)."""
     from lp_jax.training.step import train_step
 
-    policy = "F1L1"
+    policy = "F0L1"
     results = {}
     for backend in ("reference", backends.native_backend(lp.get_recipe(name))):
         recipe = lp.get_recipe(name, policy=policy, backend=backend)
-        graphdef, spec, state, report = _llama(recipe, dtype=jnp.float32)
-        assert len(report.quantized) == 14  # layers 1 and 2 of 4, seven Linears each
+        graphdef, spec, state, report = _llama(recipe, dtype=jnp.float32, num_layers=2)
+        assert len(report.quantized) == 7  # layer 0 of 2, seven Linears
         new_state, metrics = train_step(*_step_args(graphdef, spec, state))
         results[backend] = (metrics, new_state["params"])
     (m_ref, p_ref), (m_nat, p_nat) = results.values()
