@@ -190,15 +190,28 @@ def gemm_inputs(p, compute_dtype, axis):
     return values, p.global_scale, axis
 
 
-def contraction_last(v, axis):
-    """2-D v with its contraction ``axis`` last. XLA:CPU runs a BF16 dot as a fast BF16 GEMM
-    only when its lhs contracts its last axis and no transpose feeds it (otherwise it
-    upcasts both operands to FP32, ~4x slower): on CPU the transposed copy is materialized
-    behind a barrier, so XLA cannot fold it back into the dot; elsewhere the GEMM reads
-    either layout and the transpose folds away."""
-    if axis == v.ndim - 1:
-        return v
-    return lax.platform_dependent(v, cpu=lambda v: lax.optimization_barrier(v.T), default=lambda v: v.T)
+def f32_dot(av, ca, bv, cb):
+    """av x bv contracted over (ca, cb), 2-D operands, FP32 accumulation and result.
+
+    XLA:CPU runs a BF16 dot as its fast BF16 GEMM only when the left operand it is
+    given is laid out row-major with its contraction axis last; a transposed one (even a
+    transpose behind an optimization barrier, which layout assignment turns back into a
+    column-major view) makes it upcast both operands to FP32, ~4x slower. The one form it
+    rewrites into a materialized row-major copy is a dot contracting two axes of each
+    operand: on CPU, a left operand contracting its first axis (the wgrad's tokens) gets a
+    leading unit axis and both operands contract (unit, tokens). Only FP32 summation order
+    can differ. Elsewhere the GEMM reads either layout and the transpose folds away."""
+    if ca == 1:
+        return lax.dot_general(av, bv, (((1,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def cpu(av, bv):
+        b3, cb3 = (bv[None], (0, 1)) if cb == 0 else (bv[:, None], (1, 2))
+        return lax.dot_general(av[None], b3, (((0, 1), cb3), ((), ())), preferred_element_type=jnp.float32)
+
+    def default(av, bv):
+        return lax.dot_general(av.T, bv, (((1,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+
+    return lax.platform_dependent(av, bv, cpu=cpu, default=default)
 
 
 def apply_factors(out, *factors):
@@ -220,6 +233,5 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     (ca,), (cb,) = contracting
     av, fa, ca = gemm_inputs(a, compute_dtype, ca)
     bv, fb, cb = gemm_inputs(b, compute_dtype, cb)
-    out = lax.dot_general(contraction_last(av, ca), bv, (((1,), (cb,)), ((), ())),
-                          preferred_element_type=jnp.float32)
+    out = f32_dot(av, ca, bv, cb)
     return apply_factors(out, fa, fb).astype(out_dtype)
