@@ -90,3 +90,15 @@ def test_length_not_a_multiple_of_16_is_an_error_or_exact_zero_padding():
         return
     padded = np.pad(x, [(0, 0), (0, 8)])
     np.testing.assert_array_equal(_f32(out), ref.hadamard(padded))
+
+
+@pytest.mark.parametrize("shape,axis", [((64, 24), 0), ((3, 32, 5), 1)])
+def test_fused_butterfly_is_bit_identical_to_the_kernel_form(shape, axis):
+    # The XLA path pairs elements through lax.rev, Pallas kernels through slices and
+    # concatenates: the same float32 operations in the same order, so the same bits even
+    # where the FP32 sums round (values spread over 2^-40..2^40, so many do).
+    rng = np.random.default_rng(4)
+    x = jnp.asarray((rng.standard_normal(shape) * 2.0 ** rng.integers(-40, 40, shape)).astype(np.float32))
+    fused = lp.hadamard(x, axis=axis)
+    kernel_form = lp.hadamard(x, axis=axis, in_kernel=True)
+    np.testing.assert_array_equal(np.asarray(fused).view(np.uint16), np.asarray(kernel_form).view(np.uint16))

@@ -36,7 +36,7 @@ from lp_jax import kernels
 from lp_jax.kernels.api import block_pair
 from lp_jax.numerics import formats as F
 
-from lp_jax.numerics.decoded import quantized_values
+from lp_jax.numerics.decoded import nvfp4_values_in_place, quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
 from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
 
@@ -50,10 +50,12 @@ PER_TENSOR = F.PER_TENSOR_FORMATS
 @dataclasses.dataclass(frozen=True)
 class Decoded:
     """An operand quantized for immediate use: its dequantized values over ``factor``, laid
-    out with the contraction axis last (the layout its blocks were computed in)."""
+    out with the contraction axis last (the layout its blocks were computed in) or, where
+    ``axis`` is 0, in the tensor's own layout (blocks down its columns)."""
 
     values: jax.Array
     factor: jax.Array | None
+    axis: int = dataclasses.field(default=-1, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass
@@ -77,13 +79,19 @@ class Transposed:
 
 
 def transformed(t, spec: OperandSpec, axis: int):
-    """t after the RHT along ``axis`` (zero-padded to a multiple of 16) if spec asks for it."""
-    return hadamard(pad_to(t, axis, RHT_SIZE), axis=axis) if spec.rht else t
+    """t after the RHT along ``axis`` (zero-padded to a multiple of 16) if spec asks for it.
+
+    On CPU the transform is materialized once (behind a barrier): fused into each of its
+    consumers (tensor amax, block amaxes, encoding), XLA would redo its 16-term butterfly
+    in every one of them."""
+    if not spec.rht:
+        return t
+    h = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)
+    return lax.platform_dependent(h, cpu=lax.optimization_barrier, default=lambda h: h)
 
 
 def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
-    return dict(block_2d=spec.block_2d, rounding="stochastic" if spec.stochastic else "nearest",
-                key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
+    return dict(block_2d=spec.block_2d, scale_rule=spec.scale_rule, **_rounding(spec, key))
 
 
 def uses_pallas(spec: OperandSpec) -> bool:
@@ -137,10 +145,19 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
 
 def decoded(p: Pending):
     """The reference's form of a Pending operand: its exact dequantized values over the
-    tensor factor, contraction axis last, without packed bytes (lp_jax/numerics/decoded.py)."""
+    tensor factor, without packed bytes (lp_jax/numerics/decoded.py): contraction axis last,
+    except NVFP4 1-D blocks along the first axis of a 2-D operand (the wgrad's dy), which stay
+    in place: the GEMM reads them as they are, and moving them would cost a transposed pass."""
     t = transformed(p.t, p.spec, p.axis)
+    if p.spec.fmt == "nvfp4" and not p.spec.block_2d and t.ndim == 2 and p.axis == 0:
+        values, factor = nvfp4_values_in_place(t, **_rounding(p.spec, p.key))
+        return Decoded(values.astype(t.dtype), factor, axis=0)
     values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))
     return Decoded(values.astype(t.dtype), factor)
+
+
+def _rounding(spec: OperandSpec, key) -> dict:
+    return dict(rounding="stochastic" if spec.stochastic else "nearest", key=key if spec.stochastic else None)
 
 
 def shares_bytes(a: OperandSpec, b: OperandSpec) -> bool:
@@ -177,7 +194,7 @@ def gemm_inputs(p, compute_dtype, axis):
         # The Pallas kernels write bytes (no decode-only kernel); their values are decoded's.
         p = stored(p.t, p.spec, p.axis, p.key) if uses_pallas(p.spec) else decoded(p)
     if isinstance(p, Decoded):
-        return p.values.astype(compute_dtype), p.factor, p.values.ndim - 1
+        return p.values.astype(compute_dtype), p.factor, p.axis % p.values.ndim
     if isinstance(p, Transposed):
         values, factor, _ = gemm_inputs(p.q, compute_dtype, p.q.data.ndim - 1)
         return (values, factor, 1) if axis == 0 else (values.T, factor, axis)

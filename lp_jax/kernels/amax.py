@@ -26,7 +26,7 @@ def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpr
         x = x[0]
         out = [abs_max(x)] if plain else []
         if rht:
-            out.append(abs_max(hadamard(x, axis=0)))
+            out.append(abs_max(hadamard(x, axis=0, in_kernel=True)))
         return [jnp.broadcast_to(m, (1, 1, SMEM_LANES)) for m in out]
 
     n_out = int(plain) + int(rht)

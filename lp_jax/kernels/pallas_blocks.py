@@ -103,7 +103,7 @@ def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *,
             data, scales = _copy(row, x, s_enc[0], (seeds[0], seeds[1]), first, round_up(t.c, row.block))
             out += [data[None], scales[None]]
         if col is not None:
-            xc = hadamard(x, axis=0) if col.rht else x  # RHT along R, as the XLA path's
+            xc = hadamard(x, axis=0, in_kernel=True) if col.rht else x  # RHT along R, as the XLA path's
             first = (a * t.c + j * tc, i * tr)
             data, scales = _copy(col, xc.T, s_enc[1], (seeds[2], seeds[3]), first, round_up(t.r, col.block))
             out += [data[None], scales[None]] if col_transposed else [data.T[None], scales.T[None]]
