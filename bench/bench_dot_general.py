@@ -7,7 +7,8 @@
 Two stacks: "linear" (the headline) has only the five linear layers, RMSNorm and SwiGLU
 in each block, so every row differs from BF16 by its GEMMs and quantizers alone; "block"
 adds the causal attention core, which costs the same in every row and dilutes the ratios.
-Prints, per stack and variant: median step time and its ratio to our BF16 in the same run,
+Prints, per stack and variant: median step time and its ratio to our BF16 in the same run
+(every variant compiled first, then timed in interleaved rounds, so load drift hits all rows),
 the compiled step's temp memory, and the weight-gradient error against an FP32 run; then
 the work each peer skips, and the bytes the backward keeps for one quantized linear layer,
 as a ratio to BF16's.
@@ -32,7 +33,7 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax as lp  # noqa: E402
 from bench import peers  # noqa: E402
-from bench.common import median_seconds, platform_line, print_table  # noqa: E402
+from bench.common import interleaved_seconds, platform_line, print_table  # noqa: E402
 from lp_jax import context  # noqa: E402
 from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
 
@@ -136,13 +137,14 @@ def variants(args):
 
 
 def time_stack(args, heads, x, target, key):
-    """Table rows and {name: seconds} for every variant on one stack (heads 0: linear-only)."""
+    """Table rows for every variant on one stack (heads 0: linear-only): all compiled
+    first, then timed in interleaved rounds (bench/common.py: interleaved_seconds)."""
     dims = (args.layers, args.d, args.ffn, heads)
     ref_grads = None
     if not args.no_fp32:
         ref_step, ref_state = make_step(Stack(*dims, dtype=jnp.float32))
         _, ref_grads = ref_step(ref_state, x.astype(jnp.float32), target, key)
-    rows, times = [], {}
+    rows, compiled_steps = [], {}
     for name, setup, loss_scale in variants(args):
         if args.budget_s is not None and time.perf_counter() - args.start > args.budget_s:
             rows.append((name, "skipped", "", "", f"time budget of {args.budget_s:.0f} s spent"))
@@ -161,13 +163,14 @@ def time_stack(args, heads, x, target, key):
             rows.append((name, "failed", "", "", f"{type(e).__name__}: {e}"[:70]))
             continue
         temp = compiled.memory_analysis().temp_size_in_bytes / 2**20
-        t = median_seconds(compiled, state, x, target, key, repeats=args.repeats)
         _, grads = compiled(state, x, target, key)
-        times[name] = t
+        compiled_steps[name] = compiled, (state, x, target, key)
         error = "" if ref_grads is None else f"{grad_error(grads, ref_grads):.4f}"
-        rows.append((name, f"{t * 1e3:.0f}", "", f"{temp:.0f}", error))
-    base = times["lp_jax bf16"]
-    return [(r[0], r[1], f"{times[r[0]] / base:.2f}" if r[0] in times else "", *r[3:]) for r in rows]
+        rows.append((name, "", "", f"{temp:.0f}", error))
+    timed = interleaved_seconds({n: c for n, (c, _) in compiled_steps.items()},
+                                {n: a for n, (_, a) in compiled_steps.items()}, "lp_jax bf16", repeats=args.repeats)
+    return [(r[0], f"{timed[r[0]][0] * 1e3:.0f}", f"{timed[r[0]][1]:.2f}", *r[3:]) if r[0] in timed else r
+            for r in rows]
 
 
 def main(argv=None):
@@ -203,7 +206,8 @@ def main(argv=None):
     for title, rows in tables:
         print_table(["variant", "step ms", "x lp_jax bf16", "temp MiB", "dW rel. err vs FP32"], rows,
                     title=f"{args.layers} blocks, {title}, {args.tokens} tokens, d {args.d}, FFN {args.ffn}: "
-                          f"forward+backward, median of {args.repeats}")
+                          f"forward+backward, median of {args.repeats} interleaved rounds "
+                          "(ratio: median over rounds of the round's ratio)")
     if not args.no_peers:
         print("\nWhat each peer does not do that lp_jax does:")
         for name, skips in peers.SKIPS.items():

@@ -69,12 +69,16 @@ def apply_jax_nn(model, mode):
 
 
 def qwix_rule(qtype):
-    """qwix's QtRule for the layer Linears: "fp8" (E4M3/E5M2 per tensor), "mxfp8" or "nvfp4"
+    """qwix's QtRule for the layer Linears: "fp8" (E4M3/E5M2, one scale per tensor), "mxfp8" or "nvfp4"
     (tiles of 32 or 16 along every GEMM's contraction axis, dy and residuals quantized)."""
     import qwix  # optional peer
     if qtype == "fp8":
+        # qwix scales each non-contracting channel by default; per tensor is its opt-out on
+        # every operand (the forward bytes, scalar-scaled, then serve the backward as ours do).
+        per_tensor = {f"{k}_disable_channelwise_axes": True for k in ("lhs", "rhs", "dlhs_grad", "drhs_grad")}
         return qwix.QtRule(module_path=r".*layers.*", weight_qtype=jnp.float8_e4m3fn,
-                           act_qtype=jnp.float8_e4m3fn, bwd_qtype=jnp.float8_e5m2)
+                           act_qtype=jnp.float8_e4m3fn, bwd_qtype=jnp.float8_e5m2,
+                           additional_qt_config=per_tensor)
     tile = 32 if qtype == "mxfp8" else 16
     return qwix.QtRule(module_path=r".*layers.*", weight_qtype=qtype, act_qtype=qtype, bwd_qtype=qtype,
                        tile_size=tile, bwd_weight_grad_tile_size=tile,

@@ -6,6 +6,7 @@ becomes v @ H, output rounded to BF16. The oracle forms v @ H exactly and rounds
 """
 import jax
 import jax.numpy as jnp
+from jax import lax
 import ml_dtypes
 import numpy as np
 import pytest
@@ -103,3 +104,18 @@ def test_rht_parts_gives_the_transform_along_a_leading_axis_bit_for_bit():
     assert got.dtype == want.dtype and np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
     with pytest.raises(ValueError, match="^rht_parts takes 16 arrays, got 15$"):
         rht_parts([blocks[:, 0, :]] * 15)
+
+
+@pytest.mark.parametrize("shape,axis", [((64, 24), 0), ((3, 32, 5), 1)])
+def test_fused_butterfly_is_bit_identical_to_the_kernel_form(shape, axis):
+    # The XLA path pairs elements through lax.rev, Pallas kernels apply rht_parts to 16
+    # views: the same float32 operations in the same order, so the same bits even where the
+    # FP32 sums round (values spread over 2^-40..2^40, so many do).
+    from lp_jax.numerics.hadamard import rht_parts
+    rng = np.random.default_rng(4)
+    x = jnp.asarray((rng.standard_normal(shape) * 2.0 ** rng.integers(-40, 40, shape)).astype(np.float32))
+    fused = lp.hadamard(x, axis=axis)
+    tiles = x.reshape(shape[:axis] + (shape[axis] // 16, 16) + shape[axis + 1:])
+    parts = rht_parts([lax.index_in_dim(tiles, k, axis + 1, keepdims=False) for k in range(16)])
+    kernel_form = jnp.stack(parts, axis=axis + 1).reshape(shape)
+    np.testing.assert_array_equal(np.asarray(fused).view(np.uint16), np.asarray(kernel_form).view(np.uint16))

@@ -36,7 +36,7 @@ from lp_jax import kernels
 from lp_jax.kernels.api import block_pair
 from lp_jax.numerics import formats as F
 
-from lp_jax.numerics.decoded import quantized_values
+from lp_jax.numerics.decoded import nvfp4_values_in_place, quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
 from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
 
@@ -50,10 +50,12 @@ PER_TENSOR = F.PER_TENSOR_FORMATS
 @dataclasses.dataclass(frozen=True)
 class Decoded:
     """An operand quantized for immediate use: its dequantized values over ``factor``, laid
-    out with the contraction axis last (the layout its blocks were computed in)."""
+    out with the contraction axis last (the layout its blocks were computed in) or, where
+    ``axis`` is 0, in the tensor's own layout (blocks down its columns)."""
 
     values: jax.Array
     factor: jax.Array | None
+    axis: int = dataclasses.field(default=-1, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass
@@ -77,13 +79,19 @@ class Transposed:
 
 
 def transformed(t, spec: OperandSpec, axis: int):
-    """t after the RHT along ``axis`` (zero-padded to a multiple of 16) if spec asks for it."""
-    return hadamard(pad_to(t, axis, RHT_SIZE), axis=axis) if spec.rht else t
+    """t after the RHT along ``axis`` (zero-padded to a multiple of 16) if spec asks for it.
+
+    On CPU the transform is materialized once (behind a barrier): fused into each of its
+    consumers (tensor amax, block amaxes, encoding), XLA would redo its 16-term butterfly
+    in every one of them."""
+    if not spec.rht:
+        return t
+    h = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)
+    return lax.platform_dependent(h, cpu=lax.optimization_barrier, default=lambda h: h)
 
 
 def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
-    return dict(block_2d=spec.block_2d, rounding="stochastic" if spec.stochastic else "nearest",
-                key=key if spec.stochastic else None, scale_rule=spec.scale_rule)
+    return dict(block_2d=spec.block_2d, scale_rule=spec.scale_rule, **_rounding(spec, key))
 
 
 def uses_pallas(spec: OperandSpec) -> bool:
@@ -137,10 +145,19 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
 
 def decoded(p: Pending):
     """The reference's form of a Pending operand: its exact dequantized values over the
-    tensor factor, contraction axis last, without packed bytes (lp_jax/numerics/decoded.py)."""
+    tensor factor, without packed bytes (lp_jax/numerics/decoded.py): contraction axis last,
+    except NVFP4 1-D blocks along the first axis of a 2-D operand (the wgrad's dy), which stay
+    in place: the GEMM reads them as they are, and moving them would cost a transposed pass."""
     t = transformed(p.t, p.spec, p.axis)
+    if p.spec.fmt == "nvfp4" and not p.spec.block_2d and t.ndim == 2 and p.axis == 0:
+        values, factor = nvfp4_values_in_place(t, **_rounding(p.spec, p.key))
+        return Decoded(values.astype(t.dtype), factor, axis=0)
     values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))
     return Decoded(values.astype(t.dtype), factor)
+
+
+def _rounding(spec: OperandSpec, key) -> dict:
+    return dict(rounding="stochastic" if spec.stochastic else "nearest", key=key if spec.stochastic else None)
 
 
 def shares_bytes(a: OperandSpec, b: OperandSpec) -> bool:
@@ -177,7 +194,7 @@ def gemm_inputs(p, compute_dtype, axis):
         # The Pallas kernels write bytes (no decode-only kernel); their values are decoded's.
         p = stored(p.t, p.spec, p.axis, p.key) if uses_pallas(p.spec) else decoded(p)
     if isinstance(p, Decoded):
-        return p.values.astype(compute_dtype), p.factor, p.values.ndim - 1
+        return p.values.astype(compute_dtype), p.factor, p.axis % p.values.ndim
     if isinstance(p, Transposed):
         values, factor, _ = gemm_inputs(p.q, compute_dtype, p.q.data.ndim - 1)
         return (values, factor, 1) if axis == 0 else (values.T, factor, axis)
@@ -190,15 +207,28 @@ def gemm_inputs(p, compute_dtype, axis):
     return values, p.global_scale, axis
 
 
-def contraction_last(v, axis):
-    """2-D v with its contraction ``axis`` last. XLA:CPU runs a BF16 dot as a fast BF16 GEMM
-    only when its lhs contracts its last axis and no transpose feeds it (otherwise it
-    upcasts both operands to FP32, ~4x slower): on CPU the transposed copy is materialized
-    behind a barrier, so XLA cannot fold it back into the dot; elsewhere the GEMM reads
-    either layout and the transpose folds away."""
-    if axis == v.ndim - 1:
-        return v
-    return lax.platform_dependent(v, cpu=lambda v: lax.optimization_barrier(v.T), default=lambda v: v.T)
+def f32_dot(av, ca, bv, cb):
+    """av x bv contracted over (ca, cb), 2-D operands, FP32 accumulation and result.
+
+    XLA:CPU runs a BF16 dot as its fast BF16 GEMM only when the left operand it is
+    given is laid out row-major with its contraction axis last; a transposed one (even a
+    transpose behind an optimization barrier, which layout assignment turns back into a
+    column-major view) makes it upcast both operands to FP32, ~4x slower. The one form it
+    rewrites into a materialized row-major copy is a dot contracting two axes of each
+    operand: on CPU, a left operand contracting its first axis (the wgrad's tokens) gets a
+    leading unit axis and both operands contract (unit, tokens). Only FP32 summation order
+    can differ. Elsewhere the GEMM reads either layout and the transpose folds away."""
+    if ca == 1:
+        return lax.dot_general(av, bv, (((1,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def cpu(av, bv):
+        b3, cb3 = (bv[None], (0, 1)) if cb == 0 else (bv[:, None], (1, 2))
+        return lax.dot_general(av[None], b3, (((0, 1), cb3), ((), ())), preferred_element_type=jnp.float32)
+
+    def default(av, bv):
+        return lax.dot_general(av.T, bv, (((1,), (cb,)), ((), ())), preferred_element_type=jnp.float32)
+
+    return lax.platform_dependent(av, bv, cpu=cpu, default=default)
 
 
 def apply_factors(out, *factors):
@@ -220,6 +250,5 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     (ca,), (cb,) = contracting
     av, fa, ca = gemm_inputs(a, compute_dtype, ca)
     bv, fb, cb = gemm_inputs(b, compute_dtype, cb)
-    out = lax.dot_general(contraction_last(av, ca), bv, (((1,), (cb,)), ((), ())),
-                          preferred_element_type=jnp.float32)
+    out = f32_dot(av, ca, bv, cb)
     return apply_factors(out, fa, fb).astype(out_dtype)

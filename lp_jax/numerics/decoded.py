@@ -22,7 +22,7 @@ from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, block_amax, from_tiles,
                                       mxfp8_blocks, mxfp8_decode_factors, nvfp4_block_encoding,
                                       nvfp4_encode_values, nvfp4_tensor_scale, quantize_per_tensor,
-                                      to_blocks, to_tiles, unblocked)
+                                      split_axis, to_blocks, to_tiles, unblocked)
 
 
 def per_tensor_values(t, dtype, axis=-1):
@@ -54,6 +54,28 @@ def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
         s_b, enc = nvfp4_block_encoding(block_amax(t, axis, NVFP4_BLOCK), s_enc)
         q = nvfp4_encode_values(xb, enc[..., None], rounding, key)
         values = unblocked(q * s_b.astype(jnp.float32)[..., None], t.shape[axis])
+    return values, F.recip(s_enc)
+
+
+def nvfp4_values_in_place(t, rounding="nearest", key=None):
+    """``nvfp4_values(t, 0, ...)`` for 2-D t, with 1-D blocks along axis 0, laid out as t is
+    (blocks down the columns) instead of with that axis moved last: the same values,
+    transposed, without the transposed pass over t (XLA:CPU: 13.5 against 25 ms for a
+    2048x1536 gradient with its RHT), for a GEMM that reads its operand contracting the
+    first axis. Stochastic rounding draws each element's bits by its place in the moved
+    layout, as ``nvfp4_values`` does, so the rounding is the same bit for bit."""
+    m, n = t.shape
+    s_enc = nvfp4_tensor_scale(abs_max(t))
+    mp = m + (-m % NVFP4_BLOCK)
+    xb = split_axis(jnp.pad(t, ((0, mp - m), (0, 0))), 0, (mp // NVFP4_BLOCK, NVFP4_BLOCK))
+    s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=1), s_enc)
+
+    def noise(shape):  # shape [blocks, 16, n]: element (b, i, c) is (c, b, i) of the moved layout
+        at = lambda d: lax.broadcasted_iota(jnp.uint32, shape, d)  # noqa: E731
+        return F.uniform_from_index(F.sr_seeds(key), at(2) * jnp.uint32(mp) + at(0) * jnp.uint32(NVFP4_BLOCK) + at(1))
+
+    q = nvfp4_encode_values(xb, enc[:, None, :], rounding, noise if rounding == "stochastic" else None)
+    values = (q * s_b.astype(jnp.float32)[:, None, :]).reshape(mp, n)[:m]
     return values, F.recip(s_enc)
 
 

@@ -34,6 +34,7 @@ def hadamard(x, axis=-1):
 
     The length along ``axis`` must be a multiple of 16 (the transform mixes a tile's
     elements, so padding could not be dropped afterwards; the GEMM pads its operands itself).
+    Pallas kernels apply the same operations elementwise (``rht_parts``).
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -71,15 +72,19 @@ def _fast_walsh_hadamard(x, axis):
 
     A matmul along a non-minor axis makes XLA transpose the whole tensor twice (6x slower on
     CPU). Each output is a sum of 16 terms +-x/4 either way; tests check the bits agree.
+
+    Each stage pairs an element with its partner read through ``lax.rev`` of the pair axis
+    (a + b where the bit is 0, a - b where it is 1: the same two float32 operations as
+    slicing and concatenating), which XLA fuses into one pass; slices and concatenates cost
+    one float32 pass over the tensor per stage (XLA:CPU: 8.1 against 4.6 ms for 2048x1536).
     """
     n = x.shape[axis]
     v = x.astype(jnp.float32).reshape(x.shape[:axis] + (n // RHT_SIZE, 2, 2, 2, 2) + x.shape[axis + 1:])
     v = v * _signs((2, 2, 2, 2) + (1,) * (x.ndim - 1 - axis))
     for bit in range(4):
         ax = axis + 1 + bit
-        a = lax.index_in_dim(v, 0, ax, keepdims=True)
-        b = lax.index_in_dim(v, 1, ax, keepdims=True)
-        v = jnp.concatenate([a + b, a - b], axis=ax)
+        partner = lax.rev(v, (ax,))
+        v = jnp.where(lax.broadcasted_iota(jnp.int32, v.shape, ax) == 0, v + partner, partner - v)
     return (v * np.float32(0.25)).reshape(x.shape).astype(jnp.bfloat16)
 
 
