@@ -48,9 +48,11 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
+def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32"):
     """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
-    ``recipe`` with every Linear quantized (F0L0), precision.param_gather as given."""
+    ``recipe`` with every Linear quantized (F0L0), precision.param_gather and
+    mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked)."""
+    from lp_jax.training.tensor_parallel import set_tensor_reductions
     from lp_jax.training.weight_gather import set_weight_gathers
 
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
@@ -63,6 +65,7 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
                                                  param_gather=param_gather))
     set_weight_gathers(model, dict(mesh.shape))
+    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build_model, tx, 0, spec.state_shardings(target))
