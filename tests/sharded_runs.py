@@ -72,13 +72,16 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     return cfg, graphdef, spec, state, mesh
 
 
+def one_ulp_up(params):
+    """The master weights one FP32 ulp up on a random (fixed) half of their elements."""
+    rng = np.random.default_rng(1)
+    return jax.tree.map(lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p), params)
+
+
 def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     cfg, graphdef, spec, state, mesh = build(recipe, dtype, mesh_sizes)
-    if perturb == "ulp":  # one FP32 ulp up on a random half of the master weights
-        rng = np.random.default_rng(1)
-        state["params"] = jax.tree.map(
-            lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p),
-            state["params"])
+    if perturb == "ulp":
+        state["params"] = one_ulp_up(state["params"])
     q_proj = lambda s: s["layers"][0]["attn"]["q_proj"]["kernel"]  # noqa: E731
     shard = list(q_proj(state["params"]).addressable_shards[0].data.shape)
     moment = list(q_proj(state["opt_state"][1][0].mu).addressable_shards[0].data.shape)

@@ -6,7 +6,8 @@
   the partials added in FP32 in rank order, the sum rounded to BF16 once. Checked bit for
   bit against that formula computed on one device (BF16 and MXFP8 fprop, BF16 dgrad), on a
   pure tensor mesh and on data x fsdp x tensor.
-- Training (the tiny Llama, step 1): with bf16 the loss and gradients stay within the
+- Training (the tiny Llama, step 1, on 1x1x4 (MXFP8: 1x1x2) and 2x2x2, the latter through
+  the trainer's data-parallel shard_map): with bf16 the loss and gradients stay within the
   tolerances below of one device, with fp32 the loss within the existing sharding tests'
   bound; the compiled step all-reduces no row-parallel output or column-parallel input
   gradient over tensor (only the embedding's lookup stays an FP32 all-reduce), and moves
@@ -18,12 +19,14 @@ before the sum: per element |y_tp - y_1| <= 2^-9 * sum_r |p_r| plus one BF16 ulp
 (both results are rounded to BF16 last and may land on neighbours), so every reduced
 activation and input gradient carries at most about one extra BF16 rounding error, the
 size of the roundings the one-device step already makes on every activation. The loss
-moves by 2.7e-5 at most (measured, all recipes, meshes below): bound 1e-4, below the
-FP8-CS one-device "weights + 1 FP32 ulp" yardstick of docs/scaling.md (6.7e-5) times 1.5.
-Gradients (relative L2 error per tensor): the partitioner's own FP32 reduction already
-moves them, because any change in a BF16 rounding flips FP8/FP4 quantization decisions
-downstream; bf16 must stay within 4x the FP32 reduction's error on the same mesh or 2^-6
-(a few BF16 roundings), whichever is larger.
+moved by 3.9e-5 at most (measured, all recipes and meshes): bound 1e-4, 1.5x the largest
+step-1 move of the one-device "weights + 1 FP32 ulp" yardstick in docs/scaling.md (6.7e-5,
+FP8-CS). With fp32 the bound is the sharding tests' 3.2e-7.
+Gradients (relative L2 error of the worst tensor): any change in a BF16 rounding flips
+FP8/FP4 quantization decisions downstream, so they move as much when one device's weights
+move by one FP32 ulp (FP8-CS: 1.0e-1 on one tensor, measured) or under the partitioner's
+FP32 reduction; bf16 must stay within 2x the larger of those two yardsticks, or 2^-6 (a
+few BF16 roundings), whichever is larger.
 """
 import json
 
@@ -139,6 +142,10 @@ def _grad_errors(run, ref):
     return out
 
 
+def _worst(run, ref):
+    return max(_grad_errors(run, ref).values())
+
+
 def _tensor_wire_bytes(run, kinds):
     from bench.comm_time import wire_bytes
     t = run["mesh"][2]
@@ -151,22 +158,23 @@ def check_runs(runs):
     for run in runs:
         by_recipe.setdefault(run["recipe"], []).append(run)
     for recipe, group in by_recipe.items():
-        ref = next(r for r in group if r["mesh"] == [1, 1, 1])
+        ref = next(r for r in group if r["mesh"] == [1, 1, 1] and r["tp_reduce_dtype"] == "bf16")
         fp32 = {tuple(r["mesh"]): r for r in group if r["tp_reduce_dtype"] == "fp32"}
+        # How far rounding alone moves the gradients: one device with its weights one FP32
+        # ulp off, and the partitioner's FP32 reduction.
+        yardstick = max(_worst(r, ref) for r in group if r["tp_reduce_dtype"] in ("ulp", "fp32"))
         for run in group:
-            if run is ref:
+            if run is ref or run["tp_reduce_dtype"] == "ulp":
                 continue
             where = (recipe, run["mesh"], run["tp_reduce_dtype"])
             for key in ("loss", "step_loss"):
                 assert abs(run[key] / ref[key] - 1) <= (LOSS_TOL if run["tp_reduce_dtype"] == "bf16" else 3.2e-7), \
                     (where, key, run[key], ref[key])
             if run["tp_reduce_dtype"] == "fp32":
+                assert not run["marked"], where
                 continue
             base = fp32.get(tuple(run["mesh"]))
-            errors = _grad_errors(run, ref)
-            base_errors = _grad_errors(base, ref) if base else {}
-            for name, err in errors.items():
-                assert err <= max(GRAD_FLOOR, 4 * base_errors.get(name, 0.0)), (where, name, err, base_errors.get(name))
+            assert _worst(run, ref) <= max(GRAD_FLOOR, 2 * yardstick), (where, _worst(run, ref), yardstick)
             assert len(run["marked"]) == 15, where
             act = run["activation_bytes"]  # one [tokens per device, hidden] FP32 activation
             tensor = [c for c in run["collectives"] if c["axes"] == ["tensor"]]

@@ -3,7 +3,7 @@ parallelism, with mesh.tp_reduce_dtype bf16 or fp32, for test_tp_reduce.py.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/tp_reduce_runs.py bf16 fp8_cs
 
-Per recipe: the one-device run, then meshes (data, fsdp, tensor) with the given reduction
+Per recipe: the one-device run and its one-ulp yardstick, then meshes (data, fsdp, tensor) with the given reduction
 dtype. Each run prints one JSON line: the step-1 loss of the trainer's step (with its
 data-parallel shard_map where data > 1), the loss and FP32 gradients of one forward and
 backward of the same batch (a jitted value_and_grad of forward_nll), and every collective
@@ -25,13 +25,26 @@ from lp_jax.training import state as state_lib
 from lp_jax.training.partitioning import batch_sharding
 from lp_jax.training.step import forward_nll, jitted_train_step, train_step
 from flax import nnx
-from tests.sharded_runs import batches, build
+from tests.sharded_runs import batches, build, one_ulp_up
 
-RUNS = (((1, 1, 4), "bf16"), ((1, 1, 4), "fp32"), ((2, 1, 2), "bf16"), ((1, 2, 2), "bf16"))
+# (mesh, mesh.tp_reduce_dtype); tensor 2 for MXFP8, whose 32-element blocks along the tiny
+# model's 64 attention features would straddle 4 ranks (the trainer refuses that mesh).
+RUNS = (((1, 1, 4), "bf16"), ((1, 1, 4), "fp32"), ((2, 2, 2), "bf16"))
+
+
+def runs(recipe: str):
+    if recipe != "mxfp8":
+        return RUNS
+    return tuple(((d, f, 2 if t == 4 else t), dtype) for (d, f, t), dtype in RUNS)
 
 
 def run(recipe: str, mesh_sizes, tp_reduce_dtype: str) -> dict:
-    cfg, graphdef, spec, state, mesh = build(recipe, "bfloat16", mesh_sizes, tp_reduce_dtype=tp_reduce_dtype)
+    """tp_reduce_dtype "ulp": one device, the yardstick of sharded_runs (master weights one
+    FP32 ulp up on a random half): how far rounding alone moves loss and gradients."""
+    cfg, graphdef, spec, state, mesh = build(recipe, "bfloat16", mesh_sizes,
+                                             tp_reduce_dtype="fp32" if tp_reduce_dtype == "ulp" else tp_reduce_dtype)
+    if tp_reduce_dtype == "ulp":
+        state["params"] = one_ulp_up(state["params"])
     model = nnx.merge(graphdef, state["params"], state["rest"])
     marked = {"/".join(map(str, path)): node.dot_general.tensor_reduce for path, node in nnx.iter_graph(model)
               if isinstance(node, nnx.Linear) and node.dot_general.tensor_reduce}
@@ -66,7 +79,7 @@ def run(recipe: str, mesh_sizes, tp_reduce_dtype: str) -> dict:
 def main(recipes) -> None:
     assert jax.device_count() == 8, jax.devices()
     for recipe in recipes:
-        for mesh_sizes, dtype in (((1, 1, 1), "bf16"),) + RUNS:
+        for mesh_sizes, dtype in (((1, 1, 1), "bf16"), ((1, 1, 1), "ulp")) + runs(recipe):
             print(json.dumps(run(recipe, mesh_sizes, dtype)), flush=True)
 
 
