@@ -252,10 +252,12 @@ def _with_recipe(model, phase: Phase, say, mesh, tp_reduce_dtype: str) -> Any:
 
     report = lp_jax.apply_recipe(model, phase.recipe)
     gathered = set_weight_gathers(model, dict(mesh.shape))
-    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
+    reduced = set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
     say(str(report).splitlines()[0])
     if gathered:
         say(f"precision.param_gather: {len(gathered)} Linears all-gather their quantized weight bytes over fsdp")
+    if reduced:
+        say(f"mesh.tp_reduce_dtype=bf16: {len(reduced)} Linears reduce their tensor-parallel partial sums in BF16")
     if phase.recipe.quantized and not report.quantized:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]
