@@ -3,8 +3,8 @@ parallelism, with mesh.tp_reduce_dtype bf16 or fp32, for test_tp_reduce.py.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/tp_reduce_runs.py bf16 fp8_cs
 
-Per recipe: the one-device run and its one-ulp yardstick, then meshes (data, fsdp, tensor) with the given reduction
-dtype. Each run prints one JSON line: the step-1 loss of the trainer's step (with its
+Per recipe: the one-device run and its one-ulp yardstick, then meshes (data, fsdp, tensor)
+with the given reduction dtype. Each run prints one JSON line: the step-1 loss of the trainer's step (with its
 data-parallel shard_map where data > 1), the loss and FP32 gradients of one forward and
 backward of the same batch (a jitted value_and_grad of forward_nll), and every collective
 of the compiled step with its dtype and the mesh axes it spans.
@@ -15,16 +15,14 @@ import json
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bench.hlo_collectives import collectives, mesh_axes
 from lp_jax.training import state as state_lib
-from lp_jax.training.partitioning import batch_sharding
 from lp_jax.training.step import forward_nll, jitted_train_step, train_step
-from flax import nnx
 from tests.sharded_runs import batches, build, one_ulp_up
 
 # (mesh, mesh.tp_reduce_dtype); tensor 2 for MXFP8, whose 32-element blocks along the tiny
