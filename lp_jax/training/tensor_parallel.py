@@ -19,15 +19,15 @@ from flax import nnx
 
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.training.config import TP_REDUCE_DTYPES
-from lp_jax.training.partitioning import param_spec
+from lp_jax.training.weight_gather import kernel_spec
 
 
 def reduction_kind(path: str, kernel_shape, mesh_shape: dict[str, int]) -> str | None:
     """"row" / "column" when the kernel [in, out] has its in / out features on tensor, else None."""
     if mesh_shape.get("tensor", 1) <= 1 or len(kernel_shape) != 2:
         return None
-    spec = tuple(param_spec(f"{path}/kernel", tuple(kernel_shape), mesh_shape)) + (None, None)
-    on_tensor = [entry == "tensor" or (isinstance(entry, tuple) and "tensor" in entry) for entry in spec[:2]]
+    on_tensor = [entry == "tensor" or (isinstance(entry, tuple) and "tensor" in entry)
+                 for entry in kernel_spec(path, kernel_shape, mesh_shape)]
     return "row" if on_tensor[0] else "column" if on_tensor[1] else None
 
 
