@@ -19,14 +19,17 @@ before the sum: per element |y_tp - y_1| <= 2^-9 * sum_r |p_r| plus one BF16 ulp
 (both results are rounded to BF16 last and may land on neighbours), so every reduced
 activation and input gradient carries at most about one extra BF16 rounding error, the
 size of the roundings the one-device step already makes on every activation. The loss
-moved by 3.9e-5 at most (measured, all recipes and meshes): bound 1e-4, 1.5x the largest
+moved by 5.9e-5 at most (measured, all recipes and meshes): bound 1e-4, 1.5x the largest
 step-1 move of the one-device "weights + 1 FP32 ulp" yardstick in docs/scaling.md (6.7e-5,
 FP8-CS). With fp32 the bound is the sharding tests' 3.2e-7.
 Gradients (relative L2 error of the worst tensor): any change in a BF16 rounding flips
 FP8/FP4 quantization decisions downstream, so they move as much when one device's weights
 move by one FP32 ulp (FP8-CS: 1.0e-1 on one tensor, measured) or under the partitioner's
-FP32 reduction; bf16 must stay within 2x the larger of those two yardsticks, or 2^-6 (a
-few BF16 roundings), whichever is larger.
+FP32 reduction (NVFP4: 1.2e-1; its one-ulp yardstick barely moves, since a one-ulp change
+rarely changes a weight's BF16 cast); bf16 must stay within 3x the larger of those two
+yardsticks, or 2^-6 (a few BF16 roundings), whichever is larger. Measured: at most 1.8x
+(NVFP4 2.2e-1; BF16 8.3e-3 against 5.7e-3 and 4.7e-3). The worst of ~30 tensors is a
+noisy statistic, hence 3x rather than 2x.
 """
 import json
 
@@ -174,7 +177,7 @@ def check_runs(runs):
                 assert not run["marked"], where
                 continue
             base = fp32.get(tuple(run["mesh"]))
-            assert _worst(run, ref) <= max(GRAD_FLOOR, 2 * yardstick), (where, _worst(run, ref), yardstick)
+            assert _worst(run, ref) <= max(GRAD_FLOOR, 3 * yardstick), (where, _worst(run, ref), yardstick)
             assert len(run["marked"]) == 15, where
             act = run["activation_bytes"]  # one [tokens per device, hidden] FP32 activation
             tensor = [c for c in run["collectives"] if c["axes"] == ["tensor"]]
