@@ -4,7 +4,8 @@
                                    [--global-batch 768] [--meshes 1,8,1 8,8,1 8,1,1,z ...]
 
 A mesh ``d,f,t,z`` runs ZeRO-1 (mesh.shard_optimizer: masters and Adam moments split over
-data). A second table splits the bytes by the mesh axes each collective runs over and
+data); ``d,f,t,fp32`` leaves the tensor-parallel partial sums to the partitioner's FP32
+all-reduces (mesh.tp_reduce_dtype=fp32) instead of the trainer's default BF16 reduction. A second table splits the bytes by the mesh axes each collective runs over and
 estimates the step's communication time (bench/comm_time.py) next to its compute time.
 
 Nothing is allocated: the step is traced from jax.ShapeDtypeStructs carrying the
@@ -51,11 +52,12 @@ from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E40
 from lp_jax.training.partitioning import batch_sharding  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
+from lp_jax.training.tensor_parallel import set_tensor_reductions  # noqa: E402
 from lp_jax.training.weight_gather import set_weight_gathers  # noqa: E402
 from models import llama  # noqa: E402
 
-MESHES = ((8, 1, 1), (8, 1, 1, "z"), (1, 8, 1), (1, 4, 2), (1, 1, 8), (1, 64, 1), (8, 8, 1),
-          (8, 8, 1, "z"), (1, 8, 8), (8, 1, 8))
+MESHES = ((8, 1, 1), (8, 1, 1, "z"), (1, 8, 1), (1, 4, 2, "fp32"), (1, 4, 2), (1, 1, 8, "fp32"), (1, 1, 8),
+          (1, 64, 1), (8, 8, 1), (8, 8, 1, "z"), (1, 8, 8), (8, 1, 8))
 OPTIMIZER = OptimizerSpec(peak_lr=6e-4, min_lr=6e-6, init_lr=0.0, warmup_steps=2000,
                           decay_steps=158946, decay="cosine", b1=0.9, b2=0.95, eps=1e-8,
                           weight_decay=0.033, clip_grad_norm=1.0)
@@ -70,13 +72,14 @@ def device_bytes(tree, shardings) -> int:
     return total
 
 
-def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=False):
+def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=False, tp_reduce_dtype="bf16"):
     data, fsdp, tensor = sizes
     mesh = make_mesh(data, fsdp, tensor)
     cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
     model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe))
     set_weight_gathers(model, dict(mesh.shape))  # precision.param_gather, as the trainer sets it
+    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)  # mesh.tp_reduce_dtype, likewise
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OPTIMIZER)
     target = abstract_state((graphdef, params, rest), tx, 0)
@@ -100,7 +103,8 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=Fal
     temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
     opt = device_bytes(target["opt_state"], shardings["opt_state"])
     flops = llama.flops_per_token(cfg, seq_len) * global_batch * seq_len / (data * fsdp * tensor)
-    return {"mesh": f"{data}x{fsdp}x{tensor}" + (" ZeRO-1" if zero1 else ""),
+    label = f"{data}x{fsdp}x{tensor}" + (" ZeRO-1" if zero1 else "") + (f" TP {tp_reduce_dtype}" if tensor > 1 else "")
+    return {"mesh": label,
             "devices": data * fsdp * tensor, "accum": accum,
             "params": device_bytes(target["params"], shardings["params"]), "adam": opt,
             **collective_bytes(text), "temp": temp, "compile_s": seconds,
@@ -192,7 +196,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=768)
     parser.add_argument("--remat", default="none", choices=llama.REMAT_POLICIES)
     parser.add_argument("--meshes", nargs="*", default=[",".join(map(str, m)) for m in MESHES],
-                        help="data,fsdp,tensor triples")
+                        help="data,fsdp,tensor triples, ',z' for ZeRO-1, ',fp32' for FP32 tensor-parallel reductions")
     parser.add_argument("--param-gather", action="store_true",
                         help="the weight all-gather table (precision.param_gather) for the meshes "
                              "(default 1,8,1 1,64,1) instead of the per-mesh table")
@@ -207,11 +211,13 @@ def main() -> None:
     results = []
     for text in args.meshes:
         fields = text.split(",")
-        sizes, zero1 = tuple(int(v) for v in fields[:3]), fields[3:] == ["z"]
+        sizes, zero1 = tuple(int(v) for v in fields[:3]), "z" in fields[3:]
+        tp_reduce_dtype = "fp32" if "fp32" in fields[3:] else "bf16"
         if np.prod(sizes) > jax.device_count():
             print(f"skipping mesh {text}: needs {np.prod(sizes)} devices")
             continue
-        r = measure(sizes, args.recipe, args.seq_len, args.micro_batch, args.global_batch, args.remat, zero1)
+        r = measure(sizes, args.recipe, args.seq_len, args.micro_batch, args.global_batch, args.remat, zero1,
+                    tp_reduce_dtype)
         results.append(r)
         rows.append([r["mesh"], r["devices"], r["accum"], f"{r['params'] / GB:.2f}", f"{r['adam'] / GB:.2f}",
                      *(f"{r[k] / GB:.2f}" for k in KINDS),

@@ -95,6 +95,7 @@ class Collective:
     # before: XLA:CPU widens BF16 collectives to F32 (convert(convert(x)) feeding them);
     # GPU compilers keep them BF16.
     narrow_bytes: int = 0
+    dtype: str = ""  # the element type of its (first) operand in the compiled module
 
 
 def _iota_groups(spec: str) -> tuple[tuple[int, ...], ...]:
@@ -174,11 +175,14 @@ def collectives(text: str) -> list[Collective]:
             args, attrs = (m.group(4).split(")", 1) + [""])[:2]
             operands = re.findall(r"%([\w.\-]+)", args)
             size = shape_bytes(args) or sum(shape_bytes(shapes.get(o, "")) for o in operands)
-            narrow = _rounded_width(comps, lines, operands[0]) if len(operands) == 1 else None
+            # XLA:CPU splits a widened all-to-all into one operand per peer: all must be narrow.
+            widths = {_rounded_width(comps, lines, o) for o in operands} if operands else {None}
+            narrow = widths.pop() if len(widths) == 1 else None
+            types = _ARRAY.findall(args) or _ARRAY.findall(shapes.get(operands[0], "") if operands else "")
             out.append(Collective(op, size, mult.get(name, 0), name in looped,
                                   replica_groups(attrs), _reducer(comps, attrs),
                                   size * narrow // 4 if narrow and "f32[" in args + shapes.get(operands[0], "")
-                                  else size))
+                                  else size, types[0][0] if types else ""))
     return out
 
 
@@ -251,7 +255,8 @@ def all_gathers(text: str) -> list[dict]:
 
 def _rounded_width(comps, lines, operand: str) -> int | None:
     """Bytes per element of the type an F32 operand was just rounded to (a fusion whose
-    root is convert(convert(x)) through bf16/f16), else None."""
+    root is convert(convert(x)) through bf16/f16, or convert of a bf16/f16 value reached
+    through layout ops and slices: XLA:CPU's widening of a BF16 all-to-all), else None."""
     for line in lines:
         m = _INSTR.match(line)
         if not m or m.group(1) != operand or m.group(3) != "fusion":
@@ -266,7 +271,9 @@ def _rounded_width(comps, lines, operand: str) -> int | None:
         if root is None or root.group(3) != "convert":
             return None
         inner = first(root)
-        if inner is not None and inner.group(3) == "convert":
+        while inner is not None and inner.group(3) in ("copy", "bitcast", "transpose", "slice", "reshape"):
+            inner = first(inner)
+        if inner is not None and inner.group(3) in ("convert", "parameter"):
             for dtype, width in (("bf16[", 2), ("f16[", 2)):
                 if inner.group(2).startswith(dtype):
                     return width

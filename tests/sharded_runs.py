@@ -48,9 +48,11 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
+def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32"):
     """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
-    ``recipe`` with every Linear quantized (F0L0), precision.param_gather as given."""
+    ``recipe`` with every Linear quantized (F0L0), precision.param_gather and
+    mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked)."""
+    from lp_jax.training.tensor_parallel import set_tensor_reductions
     from lp_jax.training.weight_gather import set_weight_gathers
 
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
@@ -63,19 +65,23 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True):
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
                                                  param_gather=param_gather))
     set_weight_gathers(model, dict(mesh.shape))
+    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build_model, tx, 0, spec.state_shardings(target))
     return cfg, graphdef, spec, state, mesh
 
 
+def one_ulp_up(params):
+    """The master weights one FP32 ulp up on a random (fixed) half of their elements."""
+    rng = np.random.default_rng(1)
+    return jax.tree.map(lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p), params)
+
+
 def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
     cfg, graphdef, spec, state, mesh = build(recipe, dtype, mesh_sizes)
-    if perturb == "ulp":  # one FP32 ulp up on a random half of the master weights
-        rng = np.random.default_rng(1)
-        state["params"] = jax.tree.map(
-            lambda p: jnp.where(rng.random(p.shape) < 0.5, jnp.nextafter(p, jnp.inf), p),
-            state["params"])
+    if perturb == "ulp":
+        state["params"] = one_ulp_up(state["params"])
     q_proj = lambda s: s["layers"][0]["attn"]["q_proj"]["kernel"]  # noqa: E731
     shard = list(q_proj(state["params"]).addressable_shards[0].data.shape)
     moment = list(q_proj(state["opt_state"][1][0].mu).addressable_shards[0].data.shape)

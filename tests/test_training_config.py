@@ -100,6 +100,7 @@ def test_bad_yaml_files(tmp_path):
     ("schedule.decay_steps=0", "schedule.decay_steps=0 is invalid"),
     ("model.dtype=float8", "model.dtype='float8' is invalid"),
     ("checkpoint.every=0", "checkpoint.every=0 is invalid"),
+    ("mesh.tp_reduce_dtype=fp16", "mesh.tp_reduce_dtype='fp16' is invalid: choose one of bf16, fp32"),
 ])
 def test_cli_config_errors_exit_2_without_traceback(override, message, capsys):
     assert cli.main(["--config", str(ROOT / "configs/tiny.yaml"), override]) == 2

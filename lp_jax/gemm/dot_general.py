@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from lp_jax import context
-from lp_jax.gemm import backends, param_gather
+from lp_jax.gemm import backends, param_gather, tensor_reduce
 from lp_jax.gemm.operands import operand, operand_pair, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.recipes import Recipe, get_recipe
@@ -52,6 +52,7 @@ class _GemmConfig:
     out_dtype: jnp.dtype  # y: the activation dtype, or preferred_element_type
     x_dtype: jnp.dtype  # activations: the compute dtype of all three GEMMs and of dx
     gather: tuple | None = None  # the kernel's mesh layout when FSDP gathers quantized bytes
+    tensor_reduce: str | None = None  # "row" / "column": fprop / dgrad reduced over tensor in BF16
 
 
 def _needs_key(recipe: Recipe) -> bool:
@@ -66,6 +67,13 @@ def _linear(cfg: _GemmConfig, x, w, key_data):
 
 def _gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
     return backends.gemm(cfg.backend, cfg.native, a, b, contracting, compute_dtype, out_dtype)
+
+
+def _reduced_gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
+    """_gemm with its contraction split over tensor, the partials reduced in out_dtype on the
+    wire and FP32 arithmetic (lp_jax/gemm/tensor_reduce.py)."""
+    run = lambda a, b, dtype: _gemm(cfg, a, b, contracting, compute_dtype, dtype)  # noqa: E731
+    return tensor_reduce.gemm(run, a, b, contracting, out_dtype)
 
 
 def _forward(cfg, x, w, key_data):
@@ -84,7 +92,10 @@ def _forward(cfg, x, w, key_data):
         fw = dgrad_w = stored(w.astype(x.dtype), r.fprop_w, axis=0)
     else:
         fw, dgrad_w = operand_pair(w.astype(x.dtype), r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
-    y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
+    if tensor_reduce.applies(cfg.tensor_reduce, "row"):  # row-parallel: K split over tensor
+        y = _reduced_gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
+    else:
+        y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
     return y, (wgrad_x, dgrad_w, key_data)
 
 
@@ -101,7 +112,10 @@ def _linear_bwd(cfg, res, dy):
         g_dgrad, g_wgrad = operand_pair(dy, r.dgrad_dy, 1, r.wgrad_dy, 0, sr_key(_SR_DGRAD), sr_key(_SR_WGRAD),
                                         keep_b=False)
     compute = cfg.x_dtype
-    dx = _gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
+    if tensor_reduce.applies(cfg.tensor_reduce, "column"):  # column-parallel: N split over tensor
+        dx = _reduced_gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
+    else:
+        dx = _gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
     dw = _gemm(cfg, wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype)
     return dx, dw, None
 
@@ -123,6 +137,11 @@ class LowPrecisionDotGeneral:
     # with recipe.param_gather the weight's quantized bytes are all-gathered
     # (lp_jax/gemm/param_gather.py). None: the partitioner gathers the BF16 weight.
     gather: tuple | None = None
+    # Set by the trainer with mesh.tp_reduce_dtype=bf16: "row" (kernel K on tensor: fprop's
+    # partial sums) or "column" (N on tensor: dgrad's) are reduced over tensor with the
+    # activation dtype on the wire (lp_jax/gemm/tensor_reduce.py). None: the partitioner
+    # all-reduces them in FP32.
+    tensor_reduce: str | None = None
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
@@ -154,7 +173,7 @@ class LowPrecisionDotGeneral:
             raise ValueError(f"param_gather needs a Linear kernel [in, out] contracted over its first "
                              f"axis, got shape {rhs.shape} contracted over {rc}")
         cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe), backends.native_backend(self.recipe),
-                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather)
+                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather, self.tensor_reduce)
         return _linear(cfg, x2, w2, key_data).reshape(out_shape)
 
 

@@ -214,6 +214,9 @@ class LoggingConfig:
     quant_stats_every: int = 0
 
 
+TP_REDUCE_DTYPES = ("bf16", "fp32")  # mesh.tp_reduce_dtype
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Device mesh (data, fsdp, tensor); their product is the device count. docs/scaling.md."""
@@ -231,6 +234,10 @@ class MeshConfig:
     # moments split over the data ranks; per step one gradient reduce-scatter and one
     # all-gather of the updated weights (in model.dtype). Checkpoints do not depend on it.
     shard_optimizer: bool = False
+    # Tensor-parallel partial sums (row-parallel outputs, column-parallel input gradients):
+    # bf16 moves them in BF16 (as Megatron; summed in FP32 on arrival), fp32 lets the
+    # partitioner all-reduce them in FP32 (twice the bytes). docs/scaling.md.
+    tp_reduce_dtype: str = "bf16"
 
 
 @dataclasses.dataclass(frozen=True)

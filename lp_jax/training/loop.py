@@ -190,7 +190,7 @@ def build(plan: Plan) -> _Run:
         state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
     state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
     phase = plan.phase_at(start + 1)
-    graphdef = _with_recipe(abstract_model, phase, say, mesh)
+    graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype)
     say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
         f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
         f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
@@ -242,17 +242,22 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
     return found.step, found.state
 
 
-def _with_recipe(model, phase: Phase, say, mesh) -> Any:
+def _with_recipe(model, phase: Phase, say, mesh, tp_reduce_dtype: str) -> Any:
     """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
-    bytes where precision.param_gather says so) and returns its graphdef."""
+    bytes where precision.param_gather says so, tensor-parallel reductions in
+    mesh.tp_reduce_dtype) and returns its graphdef."""
     import lp_jax
+    from lp_jax.training.tensor_parallel import set_tensor_reductions
     from lp_jax.training.weight_gather import set_weight_gathers
 
     report = lp_jax.apply_recipe(model, phase.recipe)
     gathered = set_weight_gathers(model, dict(mesh.shape))
+    reduced = set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
     say(str(report).splitlines()[0])
     if gathered:
         say(f"precision.param_gather: {len(gathered)} Linears all-gather their quantized weight bytes over fsdp")
+    if reduced:
+        say(f"mesh.tp_reduce_dtype=bf16: {len(reduced)} Linears reduce their tensor-parallel partial sums in BF16")
     if phase.recipe.quantized and not report.quantized:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]
@@ -300,7 +305,7 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if r.plan.phase_at(step) is not r.phase:
         r.phase = r.plan.phase_at(step)
         model = nnx.merge(r.graphdef, r.state["params"], r.state["rest"])
-        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh)
+        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh, cfg.mesh.tp_reduce_dtype)
         r.say(f"step {step}: precision -> {r.phase.name}")
     host = next(r.train_it)
     if step in cfg.debug.inject_nan_at_steps:

@@ -10,7 +10,7 @@ import dataclasses
 import os
 from typing import Any
 
-from lp_jax.training.config import PrecisionConfig, TrainConfig
+from lp_jax.training.config import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
 from lp_jax.training.config_io import ConfigError, from_dict
 from models.config import SHAPE_FIELDS
 
@@ -115,6 +115,8 @@ def _check_scalars(c: TrainConfig) -> None:
     _fail_unless(d.read_threads >= 0, "data.read_threads", d.read_threads, "must be >= 0")
     _fail_unless(d.token_dtype in ("uint16", "uint32", "int32"), "data.token_dtype", d.token_dtype,
                  "choose one of uint16, uint32, int32")
+    _fail_unless(c.mesh.tp_reduce_dtype in TP_REDUCE_DTYPES, "mesh.tp_reduce_dtype", c.mesh.tp_reduce_dtype,
+                 f"choose one of {', '.join(TP_REDUCE_DTYPES)}")
     o = c.optimizer
     _fail_unless(0 <= o.b1 < 1, "optimizer.b1", o.b1, "must be in [0, 1)")
     _fail_unless(0 <= o.b2 < 1, "optimizer.b2", o.b2, "must be in [0, 1)")

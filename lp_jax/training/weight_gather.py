@@ -20,12 +20,16 @@ from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.training.partitioning import param_spec
 
 
+def kernel_spec(path: str, kernel_shape, mesh_shape: dict[str, int]) -> tuple:
+    """The mesh axes of a Linear's 2-D kernel [in, out] (one entry per dimension) by the rules."""
+    return (tuple(param_spec(f"{path}/kernel", tuple(kernel_shape), mesh_shape)) + (None, None))[:2]
+
+
 def kernel_layout(path: str, kernel_shape, mesh_shape: dict[str, int]) -> tuple | None:
     """The kernel's mesh layout when FSDP splits it (else None: nothing to gather)."""
     if mesh_shape.get("fsdp", 1) <= 1 or len(kernel_shape) != 2:
         return None
-    spec = tuple(param_spec(f"{path}/kernel", tuple(kernel_shape), mesh_shape)) + (None, None)
-    layout = spec[:2]
+    layout = kernel_spec(path, kernel_shape, mesh_shape)
     return layout if "fsdp" in layout else None
 
 

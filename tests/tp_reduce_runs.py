@@ -1,0 +1,85 @@
+"""First-step loss, gradients and compiled collectives of the tiny Llama under tensor
+parallelism, with mesh.tp_reduce_dtype bf16 or fp32, for test_tp_reduce.py.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/tp_reduce_runs.py bf16 fp8_cs
+
+Per recipe: the one-device run and its one-ulp yardstick, then meshes (data, fsdp, tensor)
+with the given reduction dtype. Each run prints one JSON line: the step-1 loss of the trainer's step (with its
+data-parallel shard_map where data > 1), the loss and FP32 gradients of one forward and
+backward of the same batch (a jitted value_and_grad of forward_nll), and every collective
+of the compiled step with its dtype and the mesh axes it spans.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bench.hlo_collectives import collectives, mesh_axes
+from lp_jax.training import state as state_lib
+from lp_jax.training.step import forward_nll, jitted_train_step, train_step
+from tests.sharded_runs import batches, build, one_ulp_up
+
+# (mesh, mesh.tp_reduce_dtype); tensor 2 for MXFP8, whose 32-element blocks along the tiny
+# model's 64 attention features would straddle 4 ranks (the trainer refuses that mesh).
+RUNS = (((1, 1, 4), "bf16"), ((1, 1, 4), "fp32"), ((2, 2, 2), "bf16"))
+
+
+def runs(recipe: str):
+    if recipe != "mxfp8":
+        return RUNS
+    return tuple(((d, f, 2 if t == 4 else t), dtype) for (d, f, t), dtype in RUNS)
+
+
+def run(recipe: str, mesh_sizes, tp_reduce_dtype: str) -> dict:
+    """tp_reduce_dtype "ulp": one device, the yardstick of sharded_runs (master weights one
+    FP32 ulp up on a random half): how far rounding alone moves loss and gradients."""
+    cfg, graphdef, spec, state, mesh = build(recipe, "bfloat16", mesh_sizes,
+                                             tp_reduce_dtype="fp32" if tp_reduce_dtype == "ulp" else tp_reduce_dtype)
+    if tp_reduce_dtype == "ulp":
+        state["params"] = one_ulp_up(state["params"])
+    model = nnx.merge(graphdef, state["params"], state["rest"])
+    marked = {"/".join(map(str, path)): node.dot_general.tensor_reduce for path, node in nnx.iter_graph(model)
+              if isinstance(node, nnx.Linear) and node.dot_general.tensor_reduce}
+    host = batches(cfg.vocab_size)[0]
+    batch = state_lib.place_batch(host, 1, mesh)
+    micro = jax.tree.map(lambda b: b[0], batch)
+    key = jax.random.key_data(jax.random.key(0))
+
+    def loss(params):
+        nll, count = forward_nll(graphdef, params, state["rest"], micro, key, mesh)
+        return nll / count
+
+    shardings = spec.state_shardings(state)["params"]
+    grad_fn = jax.jit(jax.value_and_grad(loss), in_shardings=(shardings,),
+                      out_shardings=(NamedSharding(mesh, P()), shardings))
+    value, grads = grad_fn(state["params"])
+    text = jitted_train_step(spec, state).lower(graphdef, spec, state, batch).compile().as_text()
+    _, metrics = train_step(graphdef, spec, state, batch)
+    names = dict(zip(("data", "fsdp", "tensor"), mesh_sizes))
+    colls = [dict(kind=c.kind, dtype=c.dtype, bytes=c.bytes, narrow_bytes=c.narrow_bytes, runs=c.runs,
+                  reducer=c.reducer, axes=list(mesh_axes(c.groups, names))) for c in collectives(text)]
+    rows = host["tokens"].shape[0] // (mesh_sizes[0] * mesh_sizes[1])
+    return {"recipe": recipe, "mesh": list(mesh_sizes), "tp_reduce_dtype": tp_reduce_dtype,
+            "marked": marked, "activation_bytes": rows * host["tokens"].shape[1] * cfg.hidden_size * 4,
+            "step_loss": float(metrics["loss"]), "loss": float(value),
+            "grads": {"/".join(map(str, k)): np.asarray(g, np.float32).tolist()
+                      for k, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+                      for k in [[getattr(p, "key", getattr(p, "idx", p)) for p in k]]},
+            "collectives": colls}
+
+
+def main(recipes) -> None:
+    assert jax.device_count() == 8, jax.devices()
+    for recipe in recipes:
+        for mesh_sizes, dtype in (((1, 1, 1), "bf16"), ((1, 1, 1), "ulp")) + runs(recipe):
+            print(json.dumps(run(recipe, mesh_sizes, dtype)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
