@@ -1,5 +1,5 @@
 """python -m lp_jax.inspect on bad input: one line on stderr starting with the program's
-name, exit 2, nothing written (docs/bad_input.md, issue 12)."""
+name, exit 2, nothing written (docs/bad_input.md)."""
 from lp_jax.inspect.cli import main
 
 PREFIX = "python -m lp_jax.inspect: error: "
