@@ -1,15 +1,14 @@
 """python -m lp_jax.inspect on bad input: one line on stderr starting with the program's
 name, exit 2, nothing written (docs/bad_input.md)."""
 from lp_jax.inspect.cli import main
+from tests.bad_input import only_line
 
 PREFIX = "python -m lp_jax.inspect: error: "
 
 
 def _error(capsys, argv) -> str:
     assert main(argv) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(PREFIX), lines
-    return lines[0][len(PREFIX):]
+    return only_line(capsys.readouterr().err, PREFIX)[len(PREFIX):]
 
 
 def test_inspect_of_a_missing_folder(tmp_path, capsys):
