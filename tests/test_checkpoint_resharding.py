@@ -7,15 +7,11 @@ another program (a shard_map around the micro-batch loop), and with XLA's defaul
 keeps other BF16 intermediates in FP32 in each, which alone moved the two resumed losses by
 1.5e-5 and 2.2e-5."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import json, sys
@@ -65,12 +61,7 @@ print(json.dumps({name: [m["loss"] for m in read_metrics(f"{tmp}/{name}")] for n
 
 @pytest.mark.slow
 def test_checkpoint_from_one_mesh_resumes_on_another(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_python(["-c", SCRIPT, str(tmp_path)], xla_flags="--xla_allow_excess_precision=false")
     assert "resumed from step 3" in proc.stderr + proc.stdout
     restored, losses = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert restored["restored_equal"], "the state read on (1, 8, 1) differs from the one saved on (2, 4, 1)"
