@@ -69,9 +69,12 @@ def _gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
     return backends.gemm(cfg.backend, cfg.native, a, b, contracting, compute_dtype, out_dtype)
 
 
-def _reduced_gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
-    """_gemm with its contraction split over tensor, the partials reduced in out_dtype on the
-    wire and FP32 arithmetic (lp_jax/gemm/tensor_reduce.py)."""
+def _split_gemm(cfg, kind, a, b, contracting, compute_dtype, out_dtype):
+    """_gemm of the GEMM a ``kind`` ("row": fprop, "column": dgrad) tensor-parallel layer
+    splits over tensor: where the Linear is marked so, its partials reduced in out_dtype on
+    the wire and FP32 arithmetic (lp_jax/gemm/tensor_reduce.py); else the plain _gemm."""
+    if not tensor_reduce.applies(cfg.tensor_reduce, kind):
+        return _gemm(cfg, a, b, contracting, compute_dtype, out_dtype)
     run = lambda a, b, dtype: _gemm(cfg, a, b, contracting, compute_dtype, dtype)  # noqa: E731
     return tensor_reduce.gemm(run, a, b, contracting, out_dtype)
 
@@ -92,10 +95,7 @@ def _forward(cfg, x, w, key_data):
         fw = dgrad_w = stored(w.astype(x.dtype), r.fprop_w, axis=0)
     else:
         fw, dgrad_w = operand_pair(w.astype(x.dtype), r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
-    if tensor_reduce.applies(cfg.tensor_reduce, "row"):  # row-parallel: K split over tensor
-        y = _reduced_gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
-    else:
-        y = _gemm(cfg, fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)
+    y = _split_gemm(cfg, "row", fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)  # row-parallel: K on tensor
     return y, (wgrad_x, dgrad_w, key_data)
 
 
@@ -112,10 +112,7 @@ def _linear_bwd(cfg, res, dy):
         g_dgrad, g_wgrad = operand_pair(dy, r.dgrad_dy, 1, r.wgrad_dy, 0, sr_key(_SR_DGRAD), sr_key(_SR_WGRAD),
                                         keep_b=False)
     compute = cfg.x_dtype
-    if tensor_reduce.applies(cfg.tensor_reduce, "column"):  # column-parallel: N split over tensor
-        dx = _reduced_gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
-    else:
-        dx = _gemm(cfg, g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)
+    dx = _split_gemm(cfg, "column", g_dgrad, dgrad_w, ((1,), (1,)), compute, compute)  # column-parallel: N on tensor
     dw = _gemm(cfg, wgrad_x, g_wgrad, ((0,), (0,)), compute, cfg.w_dtype)
     return dx, dw, None
 
