@@ -21,12 +21,14 @@ returns a float32 vector of STATS:
   flushed to 0; the top of the range, 448, is where the tensor scale puts the largest
   block by design, so it is not counted); the FP8 per-tensor scale clamped to FLT_MAX.
 
-Everything is computed in the blocked layout the quantizer's own kernels work on
-([..., blocks, block], zero-padded), calling those kernels (the same rounding, the same
-stochastic bits for a given key as the GEMM's decoded operands), with no packing to
-low-precision bytes and back: the probe traces 42 of these per layer, so their compile
-time counts. Counts are exact int32 sums, so the fractions are exact up to one float32
-division; tests/test_quant_stats.py checks every statistic against NumPy.
+Everything is computed in a blocked layout of t's own element order (zero-padded; blocks
+along the first axis are not moved last, which would cost a transposed copy), with the
+quantizer's own rounding functions, and with no packing to low-precision bytes and back:
+the probe traces 42 of these per layer, so their compile time counts. Stochastic rounding
+draws its bits by place in that layout (the probe passes a key of its own anyway: the same
+distribution as the GEMM's bits, not the same bits). Counts are exact int32 sums, so the
+fractions are exact up to one float32 division; tests/test_quant_stats.py checks every
+statistic against NumPy.
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.operands import transformed
+from lp_jax.gemm.operands import pad_to, transformed
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, mxfp8_blocks,
+from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, mxfp8_block_factors,
+                                      mxfp8_decode_factors,
                                       nvfp4_block_encoding, nvfp4_encode_values,
                                       nvfp4_tensor_scale, quantize_per_tensor, tensor_scale_fp8,
                                       to_blocks, to_tiles)
@@ -68,7 +71,8 @@ def _fraction(count, total):
 class _Blocked:
     """One quantized operand in block layout: the input, the stored element values, the
     dequantized values (all float32, the same shape), and per block its amax, scale
-    exponent and whether the scale sits at its limit."""
+    exponent and whether the scale sits at its limit. ``block_axis``: the axis holding a
+    block's elements (every block-wise sum reduces it)."""
 
     t: jax.Array
     stored: jax.Array
@@ -77,50 +81,91 @@ class _Blocked:
     amax: jax.Array
     exponent: jax.Array
     at_limit: jax.Array
+    block_axis: int = -1
 
 
-def _per_tensor(t, fmt):
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Blocks of ``block`` along ``axis`` of a 2-D t, in t's own element order: t's last axis
+    split into [n, block] (blocks last), or its first axis into [n, block, N] (the block's
+    elements in the middle). The statistics are sums over all elements, which need no
+    particular order, so blocks along the first axis are not moved last: that would be a
+    transposed copy of the whole operand, which XLA:CPU writes slowly."""
+
+    axis: int  # the reduced axis of the blocked array: -1 or -2
+
+    @staticmethod
+    def of(t, axis, block):
+        if axis % t.ndim == t.ndim - 1:
+            return to_blocks(t, axis, block), _Layout(-1)
+        t = pad_to(t, 0, block)
+        return t.reshape(t.shape[0] // block, block, *t.shape[1:]), _Layout(-2)
+
+    def expand(self, per_block):
+        """[..., n, (N)] per-block values broadcast along the block."""
+        return jnp.expand_dims(per_block, self.axis)
+
+
+def _written_once(stored):
+    """The encoded values materialized: the dequantized copy, the counts and the noise all
+    read them; fused into each, XLA would redo the rounding (and an SR hash) in every one."""
+    return lax.optimization_barrier(stored)
+
+
+def _per_tensor(t, fmt, axis):
     element = F.FORMAT_SPECS[fmt].element
-    data, scale_inv = quantize_per_tensor(t, element)
-    stored = data.astype(jnp.float32)
-    amax = abs_max(t)
+    # Blocks of 32 only to bound the per-block counts (_counts packs them in bytes); the
+    # scale is the tensor's, and the zero padding changes neither its amax nor any count.
+    xb, layout = _Layout.of(t, axis, MX_BLOCK)
+    data, scale_inv = quantize_per_tensor(xb, element)
+    stored = _written_once(data.astype(jnp.float32))
+    amax = abs_max(xb)
     clamped = tensor_scale_fp8(amax, F.max_of(element)) == F.FLT_MAX
-    return _Blocked(t, stored, stored == 0, F.mul(stored, scale_inv), amax[None],
-                    _floor_log2(scale_inv)[None], clamped[None])
+    # F.mul's exact product for a subnormal scale_inv costs integer work per element; a
+    # normal one (the usual case) is a plain product: one branch runs, not both.
+    subnormal = (F.f32_bits(scale_inv) >> 23) == 0
+    deq = lax.cond(subnormal, F.mul, jnp.multiply, stored, scale_inv)
+    return _Blocked(xb, stored, stored == 0, deq, amax[None],
+                    _floor_log2(scale_inv)[None], clamped[None], layout.axis)
 
 
 def _mxfp8(t, axis, scale_rule):
-    xb = to_blocks(t, axis, MX_BLOCK)
-    data, code = mxfp8_blocks(xb, scale_rule)
-    stored = data.astype(jnp.float32)
+    xb, layout = _Layout.of(t, axis, MX_BLOCK)
+    amax = abs_max(xb, axis=layout.axis)
+    code, f1, f2 = lax.optimization_barrier(mxfp8_block_factors(amax, scale_rule))
+    # mxfp8_blocks' cast, with the factors broadcast along this layout's block axis
+    scaled = xb * layout.expand(f1) * layout.expand(f2)
+    stored = _written_once(F.cast_satfinite(scaled, F.E4M3).astype(jnp.float32))
     k = code.astype(jnp.int32)
-    deq = jnp.where(k[..., None] == 255, jnp.float32(jnp.nan), F.mul_exp2(stored, k[..., None] - 127))
+    # F.mul_exp2(stored, k - 127) with its two factors formed once per block, not per element
+    nan, d1, d2 = (layout.expand(f) for f in mxfp8_decode_factors(code))
+    deq = jnp.where(nan, jnp.float32(jnp.nan), stored * d1 * d2)
     at_limit = (k == E8M0_LIMIT_CODES[0]) | (k == E8M0_LIMIT_CODES[1])
-    return _Blocked(xb, stored, stored == 0, deq, abs_max(xb, axis=-1),
-                    (k - 127).astype(jnp.float32), at_limit)
+    return _Blocked(xb, stored, stored == 0, deq, amax, (k - 127).astype(jnp.float32), at_limit,
+                    layout.axis)
 
 
 def _nvfp4(t, axis, block_2d, rounding, key):
     if block_2d:
-        xb, amax_axes = to_tiles(t), (-3, -1)
+        xb, amax_axes, block_axis = to_tiles(t), (-3, -1), -1
         expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
     else:
-        xb, amax_axes = to_blocks(t, axis, NVFP4_BLOCK), -1
-        expand = lambda per_block: per_block[..., None]  # noqa: E731
+        xb, layout = _Layout.of(t, axis, NVFP4_BLOCK)
+        amax_axes, block_axis, expand = layout.axis, layout.axis, layout.expand
     amax = abs_max(xb, axis=amax_axes)
     s_enc = nvfp4_tensor_scale(abs_max(amax))  # the tensor's amax, from its blocks' (the same bits)
     s_b, enc = nvfp4_block_encoding(amax, s_enc)
-    stored = nvfp4_encode_values(xb, expand(enc), rounding, key)
+    stored = _written_once(nvfp4_encode_values(xb, expand(enc), rounding, key))
     s_b = s_b.astype(jnp.float32)
     block_values = stored * expand(s_b)  # q * s_b, exact: both factors are at least 2^-10
     exponent = jnp.where(s_b > 0, _floor_log2(jnp.where(s_b > 0, s_b, 1)), jnp.nan)
     return _Blocked(xb, stored, block_values == 0, F.mul(block_values, F.recip(s_enc)), amax,
-                    exponent, s_b < E4M3_MIN_NORMAL)
+                    exponent, s_b < E4M3_MIN_NORMAL, block_axis)
 
 
 def _blocked(t, spec, axis, key):
     if spec.fmt in F.PER_TENSOR_FORMATS:
-        return _per_tensor(t, spec.fmt)
+        return _per_tensor(t, spec.fmt, axis)
     if spec.fmt == "mxfp8":
         return _mxfp8(t, axis, spec.scale_rule)
     rounding = "stochastic" if spec.stochastic else "nearest"
@@ -144,21 +189,24 @@ def operand_stats(t, spec, axis: int, key=None):
     kept = nonzero & jnp.isfinite(b.deq)  # not lost to a NaN block (MXFP8), where codes mean nothing
     fmax = F.max_of(F.FORMAT_SPECS[spec.fmt].element)
     used = jnp.isfinite(b.amax) & (b.amax > 0)
-    # SQNR sums normalized by the largest finite block amax, so they cannot overflow.
-    scale = jnp.max(jnp.where(used, b.amax, 0))
-    scale = jnp.where(scale > 0, scale, 1)
-    count = lambda mask: mask.astype(jnp.int32)  # noqa: E731
-    n_nonzero, n_underflow, n_saturated, n_lost, signal, noise = _sums(
-        count(nonzero), count(kept & b.zero), count(kept & (jnp.abs(b.stored) == fmax)),
-        count(finite & ~jnp.isfinite(b.deq)),
+    # SQNR sums normalized by the power of two at or below the largest finite block amax, so
+    # they cannot overflow: two exact multiplies per element, not a (slow) division.
+    largest = jnp.max(jnp.where(used, b.amax, 0))
+    n1, n2 = F.exp2_factors(-jnp.where(largest > 0, _floor_log2(largest), 0).astype(jnp.int32))
+    norm = lambda v: v * n1 * n2  # noqa: E731
+    n_nonzero, n_underflow, n_saturated, n_lost = _counts(
+        b.block_axis, nonzero, kept & b.zero, kept & (jnp.abs(b.stored) == fmax), finite & ~jnp.isfinite(b.deq))
+    signal, noise = _sums(
+        b.block_axis,
         # Each side scaled before the difference: a difference of tiny values would be a
         # float32 subnormal, which CPU arithmetic flushes to zero.
-        jnp.where(finite, jnp.square(b.t / scale), 0),
-        jnp.where(finite & jnp.isfinite(b.deq), jnp.square(b.t / scale - b.deq / scale), 0))
+        jnp.where(finite, jnp.square(norm(b.t)), 0),
+        jnp.where(finite & jnp.isfinite(b.deq), jnp.square(norm(b.t) - norm(b.deq)), 0))
     exact = noise == 0
     db = 10 * jnp.log10(signal / jnp.where(exact, 1, noise))
     sqnr = jnp.where(n_lost > 0, -jnp.inf, jnp.where(exact, jnp.inf, db))
-    n_used, n_limit = _sums(count(used), count(used & b.at_limit))
+    # per block: 16-32x fewer values than elements, one plain sum each
+    n_used, n_limit = jnp.sum(used, dtype=jnp.int32), jnp.sum(used & b.at_limit, dtype=jnp.int32)
     has_exp = used & ~jnp.isnan(b.exponent)
     exp_min = jnp.min(jnp.where(has_exp, b.exponent, jnp.inf))
     exp_max = jnp.max(jnp.where(has_exp, b.exponent, -jnp.inf))
@@ -170,14 +218,29 @@ def operand_stats(t, spec, axis: int, key=None):
                       _fraction(n_limit, n_used)]).astype(jnp.float32)
 
 
-def _sums(*per_element):
-    """The sums over all elements of same-shaped arrays (int32 or float32), each in two
-    stages: over the last axis (a block's elements), then over the rest. XLA:CPU runs a
-    last-axis reduction as one loop over the elementwise expression it sums; a sum over
-    everything at once becomes a tree of reduce-windows over the expression written out at
-    full size. The barrier keeps XLA from merging the two stages back into one. Measured on
-    a 2048 x 384 NVFP4 operand (CPU): the statistics 2x faster than one [n, k] reduction of
-    the stacked arrays, which was 4-6x slower than a row reduction; one variadic reduction
-    computing every sum in one pass was slower than separate ones."""
-    firsts = lax.optimization_barrier([jnp.sum(x, axis=-1) for x in per_element])
+def _sums(axis, *per_element):
+    """The sums over all elements of same-shaped float32 arrays, each in two stages: over
+    ``axis`` (a block's elements), then over the rest. XLA:CPU runs a block-wise reduction
+    as one loop over the elementwise expression it sums; a sum over everything at once
+    becomes a tree of reduce-windows over the expression written out at full size. The
+    barrier keeps XLA from merging the two stages back into one. Measured on a 2048 x 384
+    NVFP4 operand (CPU): the statistics 2x faster than one [n, k] reduction of the stacked
+    arrays, which was 4-6x slower than a row reduction; one variadic reduction computing
+    every sum in one pass was slower than separate ones."""
+    firsts = lax.optimization_barrier([jnp.sum(x, axis=axis) for x in per_element])
     return tuple(jnp.sum(f) for f in firsts)
+
+
+_COUNT_BITS = 8  # a block has at most 32 elements (MXFP8; NVFP4 16): its counts fit a byte
+
+
+def _counts(axis, *masks):
+    """The number of True elements of up to four same-shaped boolean arrays, ``axis`` (a
+    block's elements) at most 255 long: each mask in its own byte of one int32, so one pass
+    over the elements counts all four per block; the per-block bytes are then unpacked
+    (16-32x fewer values) and summed exactly in int32."""
+    if len(masks) > 4 or masks[0].shape[axis] >= 1 << _COUNT_BITS:
+        raise ValueError(f"_counts: {len(masks)} masks with {masks[0].shape[axis]} elements per block")
+    packed = sum(m.astype(jnp.int32) << (_COUNT_BITS * i) for i, m in enumerate(masks))
+    per_block = lax.optimization_barrier(jnp.sum(packed, axis=axis))
+    return tuple(jnp.sum((per_block >> (_COUNT_BITS * i)) & 0xFF) for i in range(len(masks)))
