@@ -5,8 +5,9 @@
 A 2-layer tiny Llama, 5 steps of 8 x 32 mock tokens, with the trainer's own pieces (the
 partitioning rules, the jitted step with its in/out shardings, the LM-head FP32 GEMM),
 every Linear in the recipe (F0L0), for each recipe on one device, on meshes (data, fsdp,
-tensor) = (8,1,1), (2,4,1), (2,2,2), the last two also with ZeRO-1 (masters and moments
-split over data too: "zero1" meshes, their last entry 1), and twice more on one device as yardsticks of how far
+tensor) = (8,1,1), (2,4,1), (2,2,2), the first and last also with ZeRO-1 (masters and
+moments split over data too: "zero1" meshes, their last entry 1; FP8/FP4 recipes on
+QUANTIZED_MESHES only), and twice more on one device as yardsticks of how far
 rounding alone moves this trajectory: with the initial master weights moved by one FP32
 ulp ("ulp"), and with each batch's rows in reverse order ("reversed": the same
 mathematical step, every sum over the batch taken in another order, and for NVFP4 other
@@ -36,6 +37,16 @@ from models import llama
 BATCH, SEQ, STEPS = 8, 32, 5
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
 ZERO1_MESHES = ((8, 1, 1, 1), (2, 2, 2, 1))  # (data, fsdp, tensor, shard_optimizer)
+# The FP8/FP4 recipes on three of the five: eight data ranks (the most separately drawn
+# stochastic-rounding bits, the widest global amax), all three axes, and ZeRO-1 on all
+# three. BF16 (and FP32 activations) keeps all five; each mesh costs a compilation of the
+# sharded step (35-55 s on 2 cores), and 2x4x1 / 8x1x1 ZeRO-1 add no code path the others
+# do not take.
+QUANTIZED_MESHES = ((8, 1, 1), (2, 2, 2), (2, 2, 2, 1))
+
+
+def meshes(case: str) -> tuple:
+    return MESHES + ZERO1_MESHES if case in ("bf16", "fp32") else QUANTIZED_MESHES
 # configs/tiny.yaml's schedule: step 1 at lr 0 (Megatron's init_lr), then warming up.
 OPTIMIZER = OptimizerSpec(peak_lr=3e-3, min_lr=3e-4, init_lr=0.0, warmup_steps=30, decay_steps=300,
                           decay="cosine", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.033,
@@ -100,10 +111,10 @@ def main(case: str) -> None:
     activations) or "fp32" (the BF16 recipe with FP32 activations, one device and meshes)."""
     assert jax.device_count() == 8, jax.devices()
     if case == "fp32":
-        plan = [("bf16", "float32", m, "") for m in ((1, 1, 1),) + MESHES + ZERO1_MESHES]
+        plan = [("bf16", "float32", m, "") for m in ((1, 1, 1),) + meshes(case)]
     else:
         plan = [(case, "bfloat16", (1, 1, 1), p) for p in ("", "ulp", "reversed")]
-        plan += [(case, "bfloat16", m, "") for m in MESHES + ZERO1_MESHES]
+        plan += [(case, "bfloat16", m, "") for m in meshes(case)]
     for args in plan:
         print(json.dumps(run(*args)), flush=True)
 

@@ -2,7 +2,8 @@
 
 tests/sharded_runs.py trains a 2-layer tiny Llama for 5 steps per recipe on one device and
 on meshes (data, fsdp, tensor) = (8,1,1), (2,4,1), (2,2,2), and with ZeRO-1
-(mesh.shard_optimizer) on (8,1,1) and (2,2,2). What must hold, and why:
+(mesh.shard_optimizer) on (8,1,1) and (2,2,2); the FP8/FP4 recipes on 8x1x1, 2x2x2 and
+2x2x2 ZeRO-1 (sharded_runs.QUANTIZED_MESHES says why). What must hold, and why:
 
 - With FP32 activations (no BF16/FP8 rounding decisions anywhere) the BF16 recipe's five
   losses match to 1e-5 on every mesh: only FP32 summation order differs (measured ~3e-7).
@@ -41,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.sharded_runs import meshes
+
 ROOT = Path(__file__).resolve().parents[1]
-MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
-ZERO1_MESHES = ((8, 1, 1, 1), (2, 2, 2, 1))  # (data, fsdp, tensor, shard_optimizer)
 ONE = (1, 1, 1)
 
 
@@ -66,7 +67,7 @@ def _rel(runs, key, ref_key=(ONE, "")):
 @pytest.mark.slow
 def test_fp32_activations_match_one_device_to_1e5_for_all_steps():
     runs = _runs("fp32")
-    for mesh in MESHES + ZERO1_MESHES:
+    for mesh in meshes("fp32"):
         rel = _rel(runs, (mesh, ""))
         assert rel.max() <= 1e-5, (mesh, rel)
 
@@ -76,15 +77,16 @@ def test_fp32_activations_match_one_device_to_1e5_for_all_steps():
 def test_recipe_on_meshes_matches_one_device(recipe):
     runs = _runs(recipe)
     # The meshes really shard: q_proj's kernel [128, 128] has embed on fsdp, heads on tensor.
-    shards = {m: runs[(m, "")]["q_proj_shard"] for m in MESHES + ZERO1_MESHES}
-    assert shards == {(8, 1, 1): [128, 128], (2, 4, 1): [32, 128], (2, 2, 2): [64, 64],
-                      (8, 1, 1, 1): [16, 128], (2, 2, 2, 1): [32, 64]}
+    shards = {m: runs[(m, "")]["q_proj_shard"] for m in meshes(recipe)}
+    want = {(8, 1, 1): [128, 128], (2, 4, 1): [32, 128], (2, 2, 2): [64, 64],
+            (8, 1, 1, 1): [16, 128], (2, 2, 2, 1): [32, 64]}
+    assert shards == {m: want[m] for m in meshes(recipe)}
     # ZeRO-1 splits the Adam moments over data like the masters.
-    assert all(runs[(m, "")]["q_proj_moment_shard"] == shards[m] for m in MESHES + ZERO1_MESHES)
+    assert all(runs[(m, "")]["q_proj_moment_shard"] == shards[m] for m in meshes(recipe))
     yardsticks = {p: _rel(runs, (ONE, p)).max() for p in ("ulp", "reversed")}
     drift = max(yardsticks.values())
     assert 0 < drift < 1e-3, yardsticks  # rounding alone is felt, and stays small
-    for mesh in MESHES + ZERO1_MESHES:
+    for mesh in meshes(recipe):
         rel = _rel(runs, (mesh, ""))
         # Until the weights first change, only FP32 summation order differs.
         assert rel[:2].max() <= 1e-5, (mesh, rel)
