@@ -6,8 +6,8 @@
   the partials added in FP32 in rank order, the sum rounded to BF16 once. Checked bit for
   bit against that formula computed on one device (BF16 and MXFP8 fprop, BF16 dgrad), on a
   pure tensor mesh and on data x fsdp x tensor.
-- Training (the tiny Llama, step 1, on 1x1x4 (MXFP8: 1x1x2) and 2x2x2, the latter through
-  the trainer's data-parallel shard_map): with bf16 the loss and gradients stay within the
+- Training (the tiny Llama, step 1, on 1x1x4 (MXFP8: 1x1x2; BF16 reduction for the BF16
+  recipe, FP32 for all) and 2x2x2, the latter through the trainer's data-parallel shard_map): with bf16 the loss and gradients stay within the
   tolerances below of one device, with fp32 the loss within the existing sharding tests'
   bound; the compiled step all-reduces no row-parallel output or column-parallel input
   gradient over tensor (only the embedding's lookup stays an FP32 all-reduce), and moves
