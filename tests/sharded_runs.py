@@ -47,6 +47,8 @@ QUANTIZED_MESHES = ((8, 1, 1), (2, 2, 2), (2, 2, 2, 1))
 
 def meshes(case: str) -> tuple:
     return MESHES + ZERO1_MESHES if case in ("bf16", "fp32") else QUANTIZED_MESHES
+
+
 # configs/tiny.yaml's schedule: step 1 at lr 0 (Megatron's init_lr), then warming up.
 OPTIMIZER = OptimizerSpec(peak_lr=3e-3, min_lr=3e-4, init_lr=0.0, warmup_steps=30, decay_steps=300,
                           decay="cosine", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.033,

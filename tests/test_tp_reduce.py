@@ -7,12 +7,13 @@
   bit against that formula computed on one device (BF16 and MXFP8 fprop, BF16 dgrad), on a
   pure tensor mesh and on data x fsdp x tensor.
 - Training (the tiny Llama, step 1, on 1x1x4 (MXFP8: 1x1x2; BF16 reduction for the BF16
-  recipe, FP32 for all) and 2x2x2, the latter through the trainer's data-parallel shard_map): with bf16 the loss and gradients stay within the
-  tolerances below of one device, with fp32 the loss within the existing sharding tests'
-  bound; the compiled step all-reduces no row-parallel output or column-parallel input
-  gradient over tensor (only the embedding's lookup stays an FP32 all-reduce), and moves
-  one BF16 all-to-all plus one BF16 all-gather per reduced GEMM instead, about half the
-  tensor-axis wire bytes.
+  recipe, FP32 for all) and 2x2x2, the latter through the trainer's data-parallel
+  shard_map): with bf16 the loss and gradients stay within the tolerances below of one
+  device, with fp32 the loss within the existing sharding tests' bound; the compiled step
+  all-reduces no row-parallel output or column-parallel input gradient over tensor (only
+  the embedding's lookup stays an FP32 all-reduce), and moves one BF16 all-to-all plus one
+  BF16 all-gather per reduced GEMM instead, about half the tensor-axis wire bytes (that
+  ratio checked where an FP32 run of the same mesh exists: BF16 on 1x1x4).
 
 Tolerances. The one difference from one device is the rounding of each partial sum to BF16
 before the sum: per element |y_tp - y_1| <= 2^-9 * sum_r |p_r| plus one BF16 ulp of y
