@@ -22,7 +22,7 @@ from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, block_amax, from_tiles,
                                       mxfp8_blocks, mxfp8_decode_factors, nvfp4_block_encoding,
                                       nvfp4_encode_values, nvfp4_tensor_scale, quantize_per_tensor,
-                                      split_axis, to_blocks, to_tiles, unblocked)
+                                      to_blocks, to_blocks_in_place, to_tiles, unblocked)
 
 
 def per_tensor_values(t, dtype, axis=-1):
@@ -66,8 +66,8 @@ def nvfp4_values_in_place(t, rounding="nearest", key=None):
     layout, as ``nvfp4_values`` does, so the rounding is the same bit for bit."""
     m, n = t.shape
     s_enc = nvfp4_tensor_scale(abs_max(t))
-    mp = m + (-m % NVFP4_BLOCK)
-    xb = split_axis(jnp.pad(t, ((0, mp - m), (0, 0))), 0, (mp // NVFP4_BLOCK, NVFP4_BLOCK))
+    xb = to_blocks_in_place(t, NVFP4_BLOCK)
+    mp = xb.shape[0] * NVFP4_BLOCK
     s_b, enc = nvfp4_block_encoding(abs_max(xb, axis=1), s_enc)
 
     def noise(shape):  # shape [blocks, 16, n]: element (b, i, c) is (c, b, i) of the moved layout

@@ -217,6 +217,16 @@ def to_blocks(x, axis, block):
     return split_axis(x, -1, ((n + pad) // block, block))
 
 
+def to_blocks_in_place(x, block):
+    """Zero-pads x's first axis to a multiple of ``block`` and splits it into [n, block, ...]:
+    blocks along the first axis in x's own element order (``to_blocks(x, 0, block)`` holds
+    the same blocks, moved last, at the cost of a transposed copy)."""
+    pad = -x.shape[0] % block
+    if pad:
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+    return split_axis(x, 0, (x.shape[0] // block, block))
+
+
 def block_amax(x, axis, block):
     """The per-block max |x| of ``to_blocks(x, axis, block)``, [..., n_blocks], reduced in x's
     own layout and dtype: along a non-minor axis, reducing the moved copy would make XLA

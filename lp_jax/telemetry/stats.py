@@ -39,13 +39,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.operands import pad_to, transformed
+from lp_jax.gemm.operands import transformed
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, mxfp8_block_factors,
                                       mxfp8_decode_factors,
                                       nvfp4_block_encoding, nvfp4_encode_values,
                                       nvfp4_tensor_scale, quantize_per_tensor, tensor_scale_fp8,
-                                      to_blocks, to_tiles)
+                                      to_blocks, to_blocks_in_place, to_tiles)
 
 STATS = ("amax", "underflow", "saturation", "sqnr_db", "scale_exp_min", "scale_exp_max",
          "scale_at_limit")
@@ -98,8 +98,7 @@ class _Layout:
     def of(t, axis, block):
         if axis % t.ndim == t.ndim - 1:
             return to_blocks(t, axis, block), _Layout(-1)
-        t = pad_to(t, 0, block)
-        return t.reshape(t.shape[0] // block, block, *t.shape[1:]), _Layout(-2)
+        return to_blocks_in_place(t, block), _Layout(-2)
 
     def expand(self, per_block):
         """[..., n, (N)] per-block values broadcast along the block."""
