@@ -27,8 +27,9 @@ from lp_jax.context import layer_scope
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
     ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
     config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
+from models.embedding_lookup import embedding_lookup
 from models.layers import BLD, Block, RMSNorm, rope_tables
-from models.sharding import constrain, constrain_if_ruled
+from models.sharding import constrain
 
 __all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeScaling",
            "LlamaConfig", "causal_document_mask", "config_from_dict", "config_to_dict",
@@ -95,11 +96,10 @@ class Llama(nnx.Module):
         (the same values as nnx.Embed's cast-then-take), so the backward scatter-adds the
         rows' gradients in FP32: a BF16 scatter-add rounds at every repeated token, and
         under data parallelism its cross-device sum would be a BF16 sum too."""
-        # "lookup_vocab": a trainer may ask for the table with its hidden dimension whole
-        # before the lookup (lp_jax's data-parallel shard_map does: XLA's SPMD partitioner
-        # aborts there on a gather from a table split on both dimensions, JAX 0.11-0.12).
-        table = constrain_if_ruled(self.embed.embedding[...], ("lookup_vocab", None))
-        return jnp.take(table, tokens, axis=0).astype(self.config.dtype)
+        # jnp.take, or vocabulary-parallel where a trainer's rules ask for it (lp_jax's
+        # data-parallel shard_map does: XLA's SPMD partitioner aborts on the plain gather
+        # there, models/embedding_lookup.py).
+        return embedding_lookup(self.embed.embedding[...], tokens).astype(self.config.dtype)
 
     def _logits(self, x_BxLxD):
         x = self.final_norm(x_BxLxD)

@@ -46,11 +46,3 @@ def constrain(x, logical_axes: tuple[str | None, ...]):
 def _names(entry) -> tuple[str, ...]:
     return entry if isinstance(entry, tuple) else (entry,)
 
-
-def constrain_if_ruled(x, logical_axes: tuple[str | None, ...]):
-    """``constrain``, but only where the rules name one of ``logical_axes``: a constraint
-    that a trainer asks for in some programs and not in others."""
-    table = dict(spmd.get_logical_axis_rules() or ())
-    if not any(name in table for name in logical_axes if name is not None):
-        return x
-    return constrain(x, logical_axes)

@@ -169,9 +169,9 @@ def state_shardings(tree: Any, mesh, shard_optimizer: bool = False) -> Any:
 def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     """ACTIVATION_RULES for code running inside a ``shard_map`` whose ``manual_axes`` are
     manual: those axes are already split off by the shard_map, so no constraint names them.
-    There the embedding table is also looked up with its hidden dimension whole
-    ("lookup_vocab": XLA's SPMD partitioner aborts on that gather from a table split over
-    fsdp and tensor; outside, the partitioner's all-to-all plan is cheaper, so no rule)."""
+    There the embedding lookup is also vocabulary-parallel over ``tensor`` ("lookup_vocab",
+    models/embedding_lookup.py: XLA's SPMD partitioner aborts on the plain gather there;
+    outside, the partitioner's all-to-all plan compiles and is cheaper, so no rule)."""
     if not manual_axes:
         return ACTIVATION_RULES
     rules = []
