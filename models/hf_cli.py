@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
                      "checkpoints/STEP folder), or a state checkpoint written by import")
     exp.add_argument("hf_dir")
     exp.add_argument("--step", type=int, default=None, help="the run's checkpoint to export "
-                     "(default: the latest)")
+                     "(default: the newest that restores)")
     exp.add_argument("--dtype", default=None, help="tensor dtype in the HF files (default: the "
                      "parameters' dtype); float32 | bfloat16 | float16")
     exp.add_argument("--max-shard-size", default="5GB")

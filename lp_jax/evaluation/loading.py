@@ -110,6 +110,8 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     import orbax.checkpoint as ocp
     from flax import nnx
 
+    from lp_jax.training.quiet_reads import abandoned_reads_hushed
+
     if not os.path.isdir(checkpoint_dir):
         raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
     # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
@@ -119,52 +121,58 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     absl_logger.setLevel(logging.ERROR)
     # A PyTree handler reads the item whether it was written with StandardSave or
     # PyTreeSave, and knows its saved structure before anything is restored.
-    manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
-                                    item_handlers={"state": ocp.PyTreeCheckpointHandler()})
-    try:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
+    # A failed read's abandoned array reads would each print a traceback (quiet_reads.py).
+    with abandoned_reads_hushed():
+        manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
+                                        item_handlers={"state": ocp.PyTreeCheckpointHandler()})
         try:
-            saved = manager.item_metadata(step)["state"]
-        except (FileNotFoundError, KeyError, ValueError) as e:
-            raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
-        if saved is None:
-            raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state'")
-        tree = getattr(saved, "tree", saved)
-        if isinstance(tree, dict) and "params" in tree:
-            graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
-            target = {"params": _on_device(params)}
-            if jax.tree.leaves(rest):
-                target["rest"] = _on_device(rest)
-            partial = True
-        else:
-            graphdef, target = nnx.split(abstract_model)
-            target = _on_device(target)
-            partial = False
-        args = ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-            partial_restore=partial)
-        restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
-        if partial:
-            model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
-        else:
-            model = nnx.merge(graphdef, restored)
-    finally:
-        manager.close()
-        absl_logger.setLevel(previous_level)
+            step = manager.latest_step() if step is None else step
+            if step is None:
+                raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
+            try:
+                saved = manager.item_metadata(step)["state"]
+            except (FileNotFoundError, KeyError, ValueError) as e:
+                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
+            if saved is None:
+                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state'")
+            tree = getattr(saved, "tree", saved)
+            if isinstance(tree, dict) and "params" in tree:
+                graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
+                target = {"params": _on_device(params)}
+                if jax.tree.leaves(rest):
+                    target["rest"] = _on_device(rest)
+                partial = True
+            else:
+                graphdef, target = nnx.split(abstract_model)
+                target = _on_device(target)
+                partial = False
+            args = ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=partial)
+            try:
+                restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+            except Exception as e:  # TensorStore, Orbax and OS errors alike: the item cannot be read
+                # One line; TensorStore appends a "See full ... details" of no use to anyone.
+                text = " ".join(str(e).split()).split(" See full TensorStore details")[0] or type(e).__name__
+                raise LoadError(f"{checkpoint_dir} step {step}: cannot read item 'state' "
+                                f"({text[:200]})") from None
+            if partial:
+                model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
+            else:
+                model = nnx.merge(graphdef, restored)
+        finally:
+            manager.close()
+            absl_logger.setLevel(previous_level)
     return model, step
 
 
-def _recorded_model_config(checkpoint_dir: str):
+def _recorded_model_config(checkpoint_dir: str, step: int):
     from lp_jax.training.saved_run import RunFolderError, recorded_model_config
 
-    if not os.path.isdir(checkpoint_dir):
-        return None  # restore_model_state says so
     try:
-        return recorded_model_config(checkpoint_dir)
-    except RunFolderError:
-        return None  # no checkpoint yet: restore_model_state says so
+        return recorded_model_config(checkpoint_dir, step)
+    except (RunFolderError, ValueError, TypeError):
+        return None  # no readable record: the run's config.yaml says
 
 
 def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
@@ -178,26 +186,38 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
     - `RUN_DIR/checkpoints` (or `checkpoint.dir` when the config sets it): an Orbax
       CheckpointManager folder whose item `state` holds the FP32 parameters, as the
       trainer's train-state dict or as the model's nnx.State (`restore_model_state`);
-      the latest step is read.
+      the newest step that restores is read (newer damaged ones are skipped with a
+      warning on stderr and left as they are).
     The context length is the architecture's `max_seq_len`.
     """
+    from lp_jax.training.saved_run import RunFolderError, newest_restorable
+
     if not os.path.isdir(run_dir):
         raise LoadError(f"--checkpoint {run_dir}: not a folder")
     config = _read_run_config(run_dir)
     checkpoint_dir = (config.get("checkpoint") or {}).get("dir") or os.path.join(
         run_dir, "checkpoints")
-    recorded = _recorded_model_config(checkpoint_dir)
-    if recorded is not None:
-        from flax import nnx
-        from models.llama import Llama, LlamaConfig
+    if not os.path.isdir(checkpoint_dir):
+        raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
 
-        cfg = LlamaConfig(**{k: getattr(recorded, k) for k in ARCHITECTURE_FIELDS},
-                          dtype=dtype, param_dtype=jnp.float32)
-        abstract_model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
-        max_length = cfg.max_seq_len
-    else:
-        abstract_model, max_length = build_model_from_run_config(config["model"], dtype)
-    model, step = restore_model_state(abstract_model, checkpoint_dir)
+    def attempt(step: int):
+        recorded = _recorded_model_config(checkpoint_dir, step)
+        if recorded is not None:
+            from flax import nnx
+            from models.llama import Llama, LlamaConfig
+
+            cfg = LlamaConfig(**{k: getattr(recorded, k) for k in ARCHITECTURE_FIELDS},
+                              dtype=dtype, param_dtype=jnp.float32)
+            abstract_model = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+            max_length = cfg.max_seq_len
+        else:
+            abstract_model, max_length = build_model_from_run_config(config["model"], dtype)
+        return (*restore_model_state(abstract_model, checkpoint_dir, step), max_length)
+
+    try:
+        model, step, max_length = newest_restorable(checkpoint_dir, attempt)
+    except RunFolderError as e:
+        raise LoadError(str(e)) from None
     from lp_jax.training.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer((config.get("data") or {}).get("tokenizer") or "bytes")

@@ -62,31 +62,28 @@ def _recipe(saved, name: str | None):
     return recipe
 
 
-def _model(saved, hf: str | None):
-    """The model (compute dtype as trained, FP32 weights) and a description of its source."""
+def _model(run_dir: str, hf: str | None):
+    """(the run's checkpoint read, the model (compute dtype as trained, FP32 weights), a
+    description of its source). Without ``hf``, the newest checkpoint that restores."""
     import jax.numpy as jnp
-    from flax import nnx
 
-    from lp_jax.evaluation.loading import LoadError, restore_model_state
-    from models.llama import Llama
+    from lp_jax.training.saved_run import RunFolderError, open_and_restore, open_run
 
-    dtype = jnp.dtype(saved.config.model.dtype)
-    if hf is not None:
-        from models.hf import load_hf
-
-        if not os.path.isdir(hf):
-            raise InspectError(f"--hf {hf}: no such folder")
-        try:
-            return load_hf(hf, dtype=dtype), f"hf:{os.path.abspath(hf)}"
-        except (OSError, ValueError, KeyError) as e:
-            raise InspectError(f"--hf {hf}: {' '.join(str(e).split())}") from None
-    cfg = saved.model_config.replace(dtype=dtype)
-    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
     try:
-        model, step = restore_model_state(abstract, saved.checkpoint_dir, saved.step)
-    except (LoadError, ValueError) as e:
-        raise InspectError(f"{saved.source}: {' '.join(str(e).split())[:300]}") from None
-    return model, f"{saved.checkpoint_dir} step {step}"
+        if hf is None:
+            saved, model = open_and_restore(run_dir, as_trained=True)
+            return saved, model, f"{saved.checkpoint_dir} step {saved.step}"
+        saved = open_run(run_dir)
+    except RunFolderError as e:
+        raise InspectError(str(e)) from None
+    from models.hf import load_hf
+
+    if not os.path.isdir(hf):
+        raise InspectError(f"--hf {hf}: no such folder")
+    try:
+        return saved, load_hf(hf, dtype=jnp.dtype(saved.config.model.dtype)), f"hf:{os.path.abspath(hf)}"
+    except (OSError, ValueError, KeyError) as e:
+        raise InspectError(f"--hf {hf}: {' '.join(str(e).split())}") from None
 
 
 def _batches(saved, vocab_size: int, n: int, mesh) -> list:
@@ -155,8 +152,8 @@ def inspect_run(run_dir: str, recipe: str | None = None, batches: int = 4, budge
                 hf: str | None = None, write: bool = True) -> Inspection:
     import jax
 
+    import lp_jax
     from lp_jax.training.mesh import make_mesh
-    from lp_jax.training.saved_run import RunFolderError, open_run
 
     if batches < 1:
         raise InspectError(f"--batches {batches}: must be at least 1")
@@ -164,13 +161,14 @@ def inspect_run(run_dir: str, recipe: str | None = None, batches: int = 4, budge
         raise InspectError(f"--budget {budget}: must be >= 0 (percent)")
     if not os.path.isdir(run_dir):
         raise InspectError(f"{run_dir}: no such folder")
-    try:
-        saved = open_run(run_dir)
-    except RunFolderError as e:
-        raise InspectError(str(e)) from None
+    if recipe is not None:  # a misspelt name fails before the checkpoint is read
+        try:
+            lp_jax.get_recipe(recipe)
+        except ValueError as e:
+            raise InspectError(f"--recipe: {' '.join(str(e).split())}") from None
+    saved, model, source = _model(run_dir, hf)
     chosen = _recipe(saved, recipe)
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    model, source = _model(saved, hf)
     data = _batches(saved, model.config.vocab_size, batches, mesh)
     graphdef_state = _split(model)
     rows = _statistics(_merge(graphdef_state), chosen, mesh, data, saved.config.seed)

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lp_jax.training.folders import write_problem
+from lp_jax.training.quiet_reads import abandoned_reads_hushed
 
 
 class PoisonedStateError(RuntimeError):
@@ -211,11 +212,11 @@ def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
     checkpoint is unusable, whatever Orbax, JSON, TensorStore or the file system raised;
     Orbax's own logs of it (tracebacks included) are held back, since the caller reports
     the reason with the step."""
-    with _orbax_logs(logging.CRITICAL):
-        try:
+    try:
+        with _orbax_logs(logging.CRITICAL), abandoned_reads_hushed():
             return read(), None
-        except Exception as e:
-            return None, first_line(e)
+    except Exception as e:
+        return None, first_line(e)
 
 
 @contextlib.contextmanager

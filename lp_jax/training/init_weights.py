@@ -169,10 +169,9 @@ def _run_params(spec: str):
     import numpy as np
     from flax import nnx
 
-    from lp_jax.training.saved_run import open_run, restore_model, split_step
+    from lp_jax.training.saved_run import open_and_restore, split_step
 
-    saved = open_run(*split_step(spec))
-    model = restore_model(saved)
+    saved, model = open_and_restore(*split_step(spec))
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
     return ({path: np.asarray(var[...]) for path, var in flat},
             f"init.checkpoint={spec} (step {saved.step}, trained in {saved.recipe})")

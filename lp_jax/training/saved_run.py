@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
+import sys
+from typing import Any, Callable
 
 
 class RunFolderError(ValueError):
@@ -146,22 +147,82 @@ def _model_config(meta: dict, config, path: str):
         raise RunFolderError(f"{path}: cannot rebuild the run's model: {_one_line(e)}") from None
 
 
-def restore_model(saved: SavedRun):
+def restore_model(saved: SavedRun, compute_dtype=None):
     """The model of the checkpoint with its FP32 master weights (the optimizer moments are
-    never read); computes in float32."""
+    never read); computes in ``compute_dtype`` (default float32)."""
     import jax.numpy as jnp
     from flax import nnx
 
     from lp_jax.evaluation.loading import LoadError, restore_model_state
     from models.llama import Llama
 
-    cfg = saved.model_config.replace(dtype=jnp.float32)
+    cfg = saved.model_config.replace(dtype=jnp.dtype(compute_dtype or jnp.float32))
     abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
     try:
         model, _ = restore_model_state(abstract, saved.checkpoint_dir, saved.step)
     except (LoadError, ValueError) as e:
         raise RunFolderError(f"{saved.source}: {_one_line(e)}") from None
     return model
+
+
+def open_and_restore(path: str, step: int | None = None, as_trained: bool = False,
+                     warn: Callable[[str], Any] | None = None) -> tuple[SavedRun, Any]:
+    """(``open_run``, ``restore_model``) of the checkpoint at ``step``, or, with no step
+    named (by ``step`` or by a step folder as ``path``), of the newest checkpoint that
+    restores: newer damaged ones are skipped with a warning, left as they are. The model
+    computes in float32, or ``as_trained`` in the run's own model.dtype."""
+    checkpoint_dir, named_step = _locate(path)
+
+    def attempt(s: int | None):
+        saved = open_run(path, s)
+        return saved, restore_model(saved, saved.config.model.dtype if as_trained else None)
+
+    if step is not None or named_step is not None:
+        return attempt(step)
+    if not os.path.isdir(checkpoint_dir):
+        raise RunFolderError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
+
+    return newest_restorable(checkpoint_dir, attempt, warn)
+
+
+def newest_restorable(checkpoint_dir: str, attempt: Callable[[int], Any],
+                      warn: Callable[[str], Any] | None = None) -> Any:
+    """``attempt(step)`` for the checkpoint folder's steps, newest first, until one does not
+    raise RunFolderError (or the evaluator's LoadError): a read-only tool's fallback over
+    damaged checkpoints (the trainer's own, which also sets them aside, is
+    the run checkpointer's restore_newest). Each one skipped is a warning (stderr by
+    default); with none left, RunFolderError names every step and why."""
+    from lp_jax.evaluation.loading import LoadError
+
+    warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    skipped = []
+    for step in reversed(saved_steps(checkpoint_dir)):
+        try:
+            result = attempt(step)
+        except (RunFolderError, LoadError) as e:
+            # The reason without the "<folder> step N: " its message starts with.
+            skipped.append((step, re.sub(rf"^.*?step {step}: ", "", _one_line(e), count=1)))
+            continue
+        for bad, why in skipped:
+            warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored ({why}); "
+                 f"skipped (left as it is), using step {step}")
+        return result
+    raise RunFolderError(f"{checkpoint_dir}: no checkpoint restores: "
+                         + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
+
+
+def saved_steps(checkpoint_dir: str) -> list[int]:
+    """The checkpoint folder's steps, oldest first (RunFolderError when it has none)."""
+    import orbax.checkpoint as ocp
+
+    if not os.path.isdir(checkpoint_dir):
+        raise RunFolderError(f"{checkpoint_dir}: no checkpoint folder")
+    options = ocp.CheckpointManagerOptions(create=False)
+    with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
+        steps = sorted(manager.all_steps())
+    if not steps:
+        raise RunFolderError(f"no checkpoint saved yet in {checkpoint_dir}")
+    return steps
 
 
 def _one_line(e: BaseException) -> str:
