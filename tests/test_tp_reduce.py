@@ -23,14 +23,16 @@ size of the roundings the one-device step already makes on every activation. The
 moved by 5.9e-5 at most (measured, all recipes and meshes): bound 1e-4, 1.5x the largest
 step-1 move of the one-device "weights + 1 FP32 ulp" yardstick in docs/scaling.md (6.7e-5,
 FP8-CS). With fp32 the bound is the sharding tests' 3.2e-7.
-Gradients (relative L2 error of the worst tensor): any change in a BF16 rounding flips
-FP8/FP4 quantization decisions downstream, so they move as much when one device's weights
-move by one FP32 ulp (FP8-CS: 1.0e-1 on one tensor, measured) or under the partitioner's
-FP32 reduction (NVFP4: 1.2e-1; its one-ulp yardstick barely moves, since a one-ulp change
-rarely changes a weight's BF16 cast); bf16 must stay within 3x the larger of those two
-yardsticks, or 2^-6 (a few BF16 roundings), whichever is larger. Measured: at most 1.8x
-(NVFP4 2.2e-1; BF16 8.3e-3 against 5.7e-3 and 4.7e-3). The worst of ~30 tensors is a
-noisy statistic, hence 3x rather than 2x.
+Gradients (relative L2 error of the worst tensor; the step's own gradient, read from
+Adam's first moment after step 1): any change in a BF16 rounding flips FP8/FP4
+quantization decisions downstream, so they move as much when one device's weights move by
+one FP32 ulp (FP8-CS: 1.0e-1 on one tensor, measured) or under the partitioner's FP32
+reduction (NVFP4: 1.3e-1; its one-ulp yardstick barely moves, since a one-ulp change rarely
+changes a weight's BF16 cast); bf16 must stay within 3x the larger of those two
+yardsticks, or 2^-6 (a few BF16 roundings), whichever is larger. Measured: at most 2.3x
+(NVFP4 3.0e-1 against 1.3e-1: on 2x2x2 its gradients also carry the data ranks' own
+stochastic-rounding bits, docs/scaling.md; BF16 9.4e-3 against 5.7e-3 and 4.7e-3; FP8-CS
+and MXFP8 1.1x). The worst of ~30 tensors is a noisy statistic, hence 3x rather than 2x.
 """
 import json
 
@@ -171,9 +173,8 @@ def check_runs(runs):
             if run is ref or run["tp_reduce_dtype"] == "ulp":
                 continue
             where = (recipe, run["mesh"], run["tp_reduce_dtype"])
-            for key in ("loss", "step_loss"):
-                assert abs(run[key] / ref[key] - 1) <= (LOSS_TOL if run["tp_reduce_dtype"] == "bf16" else 3.2e-7), \
-                    (where, key, run[key], ref[key])
+            assert abs(run["step_loss"] / ref["step_loss"] - 1) <= (
+                LOSS_TOL if run["tp_reduce_dtype"] == "bf16" else 3.2e-7), (where, run["step_loss"], ref["step_loss"])
             if run["tp_reduce_dtype"] == "fp32":
                 assert not run["marked"], where
                 continue
