@@ -1,8 +1,12 @@
 """Helpers of the bad-input tests (docs/bad_input.md): train.py run in-process on a tiny
-config, and the one line it must end with."""
+config, the one line it must end with, and a stopped run to damage (fixtures: import
+``stopped_run`` and ``run`` into the test module)."""
 import os
 import pathlib
+import shutil
 import sysconfig
+
+import pytest
 
 from lp_jax.training import cli
 
@@ -40,3 +44,19 @@ def only_line(err: str, prefix: str = "train.py: error: ") -> str:
     """An error found before the run started: the one line on stderr."""
     assert err.count("\n") == 1, err
     return error_line(err, prefix)
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, token_cache):
+    """A run stopped at step 4 of 6, with checkpoints 2 and 4 (one per test module)."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    assert cli.main(tiny(run, token_cache, "stop_at=4")) == 0
+    return run
+
+
+@pytest.fixture
+def run(stopped_run, tmp_path):
+    """A copy of the stopped run, the test's own to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(stopped_run, copy)
+    return copy

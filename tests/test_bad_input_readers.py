@@ -4,32 +4,15 @@ init.checkpoint, `python -m lp_jax.inspect`) over a damaged latest checkpoint
 they skipped and why on stderr, and leave the folder as it is (only the trainer sets
 damaged checkpoints aside). A step named explicitly is read or refused, never replaced."""
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir
-from lp_jax.training import cli
 from lp_jax.training.saved_run import RunFolderError, open_and_restore
-from tests.bad_input import ROOT, tiny
+from tests.bad_input import ROOT, run, stopped_run  # noqa: F401 (fixtures)
 from tests.test_bad_input_resume import DAMAGE
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory, token_cache):
-    """A run stopped at step 4 of 6, with checkpoints 2 and 4."""
-    run = tmp_path_factory.mktemp("readers") / "run"
-    assert cli.main(tiny(run, token_cache, "stop_at=4")) == 0
-    return run
-
-
-@pytest.fixture
-def run(stopped_run, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(stopped_run, copy)
-    return copy
 
 
 def _truncate_every_array_file(step):

@@ -6,27 +6,11 @@ import shutil
 
 import pytest
 
-from lp_jax.training import cli
 from lp_jax.training.config_io import load_config
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.tokenizers import ByteTokenizer
 from lp_jax.training.validate import Plan, model_shape_changes, resolve
-from tests.bad_input import only_line, tiny, train
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory, token_cache):
-    """A run stopped at step 4 of 6, with checkpoints 2 and 4."""
-    run = tmp_path_factory.mktemp("stopped") / "run"
-    assert cli.main(tiny(run, token_cache, "stop_at=4")) == 0
-    return run
-
-
-@pytest.fixture
-def run(stopped_run, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(stopped_run, copy)
-    return copy
+from tests.bad_input import only_line, run, stopped_run, tiny, train  # noqa: F401 (fixtures)
 
 
 def _truncate_largest_array_file(step):
