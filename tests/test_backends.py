@@ -299,17 +299,9 @@ def test_native_backends_on_a_sharded_auto_mesh():
     """8 CPU devices, Megatron's column/row-parallel and FSDP layouts: the partitioned native
     GEMMs (jax.nn.scaled_matmul's partitioning rule, XLA's FP8 dot) give the unsharded
     reference's dx and dW to FP32 summation order."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.forced_devices import run_python
 
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SHARDED], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_python(["-c", SHARDED])
     worst = float(proc.stdout.split("WORST")[1])
     assert worst <= 1e-5, worst
 

@@ -6,14 +6,9 @@ FP32 summation order, and y carries the requested out_sharding (or, on an Explic
 without one, the sharding lax.dot_general would give). And FP8-CS's tensor amax is a
 global all-reduce(max) in the compiled program.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import re
@@ -83,11 +78,7 @@ print("\n".join(failures))
 
 @pytest.mark.slow
 def test_quantized_dot_general_on_sharded_operands():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_python(["-c", SCRIPT])
     assert "CHECKED 32" in proc.stdout, proc.stdout
     assert "FAILURES 0" in proc.stdout, proc.stdout
     assert "AMAX_ALLREDUCE_MAX True" in proc.stdout, proc.stdout

@@ -1,12 +1,8 @@
 """bench/hlo_collectives.py reads collective bytes from real compiled HLO, loops included
 (4 forced CPU devices, in a subprocess)."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import json
@@ -31,11 +27,7 @@ print(json.dumps({"bytes": collective_bytes(text), "trips": trip_counts(text)}))
 
 
 def test_collective_bytes_count_loop_trips():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(["-c", SCRIPT], devices=4, timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert 5 in result["trips"]
     assert result["bytes"]["all-gather"] == 5 * 16 * 32 * 4  # 5 trips x one f32 [16, 32] shard
@@ -64,10 +56,6 @@ print(json.dumps(sorted((g["dtype"], g["wire"], g["bytes"]) for g in all_gathers
 def test_all_gathers_see_through_xla_cpu_widening():
     """XLA:CPU compiles a bf16 all-gather as convert-to-f32 then an f32 all-gather; the
     bytes the program moves are the bf16 ones (a uint8 gather is kept as it is)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", WIDENED], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(["-c", WIDENED], devices=4, timeout=120)
     gathers = [tuple(g) for g in json.loads(proc.stdout.strip().splitlines()[-1])]
     assert gathers == [("f32", "bf16", 16 * 32 * 2), ("u8", "u8", 16 * 32)], gathers

@@ -4,12 +4,9 @@ The tensor amax of FP8-CS and NVFP4 must be global (over all shards), and blocks
 shard boundaries must come out the same. The device count is fixed when JAX starts, so the
 check runs in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8.
 """
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.forced_devices import run_python
 
 SCRIPT = r'''
 import jax, jax.numpy as jnp, numpy as np
@@ -61,11 +58,7 @@ print("\n".join(failures))
 @pytest.fixture(scope="module")
 def sharded_report():
     """Runs SCRIPT once; returns {mesh kind: [failure lines]}."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_python(["-c", SCRIPT], timeout=300)
     assert "CHECKED 32" in proc.stdout, proc.stdout
     lines = proc.stdout.splitlines()
     return {kind: [line for line in lines if line.startswith(f"{kind} mesh")] for kind in ("Auto", "Explicit")}

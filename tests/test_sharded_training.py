@@ -34,27 +34,17 @@ matches one device to FP32 summation order (FP8-CS on 8x1x1: step 1 equal, then 
 One subprocess per recipe (JAX fixes the device count at start), so xdist spreads them.
 """
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.forced_devices import run_python
 from tests.sharded_runs import meshes
-
-ROOT = Path(__file__).resolve().parents[1]
 ONE = (1, 1, 1)
 
 
 def _runs(case: str) -> dict:
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_allow_excess_precision=false",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "tests/sharded_runs.py", case], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_python(["tests/sharded_runs.py", case], xla_flags="--xla_allow_excess_precision=false")
     runs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {(tuple(r["mesh"]), r["perturbed"]): r for r in runs}
 
