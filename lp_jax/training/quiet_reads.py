@@ -42,7 +42,7 @@ def abandoned_reads_hushed(settle_s: float = 0.5, max_wait_s: float = 10.0):
     sys.unraisablehook = hook
     try:
         yield
-    except BaseException:
+    except Exception:  # (an interrupt does not wait)
         # The abandoned reads finish after the failure: wait for them to be reported.
         with lock:
             last[0] = time.monotonic()
