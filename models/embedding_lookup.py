@@ -59,7 +59,11 @@ def _plan(table, token_shape: tuple[int, ...]):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not rules.get(RULE):
         return None
-    auto = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t != AxisType.Manual}
+    # Axes a shard_map may take (not manual already), leaving out those of size 1: a
+    # collective over one device still moves its operand (a reduce-scatter of the whole
+    # table gradient on 8x1x8).
+    auto = {n for n, t in zip(mesh.axis_names, mesh.axis_types)
+            if t != AxisType.Manual and mesh.shape[n] > 1}
     vocab_axes = tuple(n for n in _names(rules[RULE]) if n in auto)
     size = math.prod(mesh.shape[n] for n in vocab_axes)
     if size <= 1 or vocab % size:
