@@ -110,19 +110,16 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     import orbax.checkpoint as ocp
     from flax import nnx
 
-    from lp_jax.training.quiet_reads import abandoned_reads_hushed
+    from lp_jax.training.quiet_reads import abandoned_reads_hushed, orbax_logs
 
     if not os.path.isdir(checkpoint_dir):
         raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
     # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
-    # skipping them is the point here, so its warnings are held back while reading.
-    absl_logger = logging.getLogger("absl")
-    previous_level = absl_logger.level
-    absl_logger.setLevel(logging.ERROR)
-    # A PyTree handler reads the item whether it was written with StandardSave or
-    # PyTreeSave, and knows its saved structure before anything is restored.
-    # A failed read's abandoned array reads would each print a traceback (quiet_reads.py).
-    with abandoned_reads_hushed():
+    # skipping them is the point here, so its warnings are held back while reading. A
+    # failed read's abandoned array reads would each print a traceback (quiet_reads.py).
+    with orbax_logs(logging.ERROR), abandoned_reads_hushed():
+        # A PyTree handler reads the item whether it was written with StandardSave or
+        # PyTreeSave, and knows its saved structure before anything is restored.
         manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
                                         item_handlers={"state": ocp.PyTreeCheckpointHandler()})
         try:
@@ -156,13 +153,12 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
                 text = " ".join(str(e).split()).split(" See full TensorStore details")[0] or type(e).__name__
                 raise LoadError(f"{checkpoint_dir} step {step}: cannot read item 'state' "
                                 f"({text[:200]})") from None
-            if partial:
-                model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
-            else:
-                model = nnx.merge(graphdef, restored)
         finally:
             manager.close()
-            absl_logger.setLevel(previous_level)
+    if partial:
+        model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
+    else:
+        model = nnx.merge(graphdef, restored)
     return model, step
 
 

@@ -25,7 +25,6 @@ that restores completely (``restore_newest``); newer damaged ones are named and 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import json
@@ -38,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lp_jax.training.folders import write_problem
-from lp_jax.training.quiet_reads import abandoned_reads_hushed
+from lp_jax.training.quiet_reads import abandoned_reads_hushed, orbax_logs
 
 
 class PoisonedStateError(RuntimeError):
@@ -74,7 +73,7 @@ class Checkpointer:
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
         self.directory = os.path.abspath(directory)
-        with _orbax_logs(logging.ERROR):  # an empty step folder is reported by restore_newest
+        with orbax_logs(logging.ERROR):  # an empty step folder is reported by restore_newest
             self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
@@ -213,22 +212,10 @@ def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
     Orbax's own logs of it (tracebacks included) are held back, since the caller reports
     the reason with the step."""
     try:
-        with _orbax_logs(logging.CRITICAL), abandoned_reads_hushed():
+        with orbax_logs(logging.CRITICAL), abandoned_reads_hushed():
             return read(), None
     except Exception as e:
         return None, first_line(e)
-
-
-@contextlib.contextmanager
-def _orbax_logs(level: int):
-    """Orbax logs through absl's logger: only records at ``level`` or above while inside."""
-    logger = logging.getLogger("absl")
-    previous = logger.level
-    logger.setLevel(max(level, previous))
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 def _on_every_process(ok: bool) -> bool:

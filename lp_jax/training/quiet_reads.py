@@ -1,4 +1,5 @@
-"""Silence for the reads a failed checkpoint restore abandons.
+"""Quiet while a checkpoint is read: Orbax's logs (``orbax_logs``) and the reports of the
+reads a failed restore abandons (``abandoned_reads_hushed``).
 
 Orbax reads a checkpoint's arrays concurrently, in an event loop it closes as soon as one
 read fails (``orbax.checkpoint._src.asyncio_utils``). The reads still in flight complete
@@ -13,9 +14,22 @@ they have stopped arriving.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
+
+
+@contextlib.contextmanager
+def orbax_logs(level: int):
+    """Orbax logs through absl's logger: only records at ``level`` or above while inside."""
+    logger = logging.getLogger("absl")
+    previous = logger.level
+    logger.setLevel(max(level, previous))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def _is_closed_loop(unraisable) -> bool:

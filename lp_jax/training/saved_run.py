@@ -95,9 +95,7 @@ def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict |
 
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
-        steps = sorted(manager.all_steps())
-        if not steps:
-            raise RunFolderError(f"no checkpoint saved yet in {checkpoint_dir}")
+        steps = _steps(manager, checkpoint_dir)
         if step is None:
             step = steps[-1]
         elif step not in steps:
@@ -219,7 +217,11 @@ def saved_steps(checkpoint_dir: str) -> list[int]:
         raise RunFolderError(f"{checkpoint_dir}: no checkpoint folder")
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
-        steps = sorted(manager.all_steps())
+        return _steps(manager, checkpoint_dir)
+
+
+def _steps(manager, checkpoint_dir: str) -> list[int]:
+    steps = sorted(manager.all_steps())
     if not steps:
         raise RunFolderError(f"no checkpoint saved yet in {checkpoint_dir}")
     return steps
