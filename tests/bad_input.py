@@ -46,6 +46,16 @@ def only_line(err: str, prefix: str = "train.py: error: ") -> str:
     return error_line(err, prefix)
 
 
+def array_files(step) -> list:
+    """The array data files of a checkpoint step's ``state`` item (OCDBT's ``d/`` folders)."""
+    return [p for p in (step / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def truncate(path) -> None:
+    """Cuts a file to half its length."""
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory, token_cache):
     """A run stopped at step 4 of 6, with checkpoints 2 and 4 (one per test module)."""

@@ -11,16 +11,15 @@ import pytest
 
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir
 from lp_jax.training.saved_run import RunFolderError, open_and_restore
-from tests.bad_input import ROOT, run, stopped_run  # noqa: F401 (fixtures)
+from tests.bad_input import ROOT, array_files, run, stopped_run, truncate  # noqa: F401 (fixtures)
 from tests.test_bad_input_resume import DAMAGE
 
 
 def _truncate_every_array_file(step):
     """The trainer's "truncated array file" halves the largest, which may hold only optimizer
     moments, which these readers never read: here every array file is halved."""
-    for path in (step / "state").rglob("*"):
-        if path.is_file() and path.parent.name == "d":
-            path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    for path in array_files(step):
+        truncate(path)
 
 
 # The trainer's damages (a missing data item harms no weights), array files all truncated.

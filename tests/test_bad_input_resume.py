@@ -10,13 +10,12 @@ from lp_jax.training.config_io import load_config
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.tokenizers import ByteTokenizer
 from lp_jax.training.validate import Plan, model_shape_changes, resolve
-from tests.bad_input import only_line, run, stopped_run, tiny, train  # noqa: F401 (fixtures)
+from tests.bad_input import (array_files, only_line, run, stopped_run, tiny, train,  # noqa: F401 (fixtures)
+                              truncate)
 
 
 def _truncate_largest_array_file(step):
-    files = [p for p in (step / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
-    largest = max(files, key=lambda p: p.stat().st_size)
-    largest.write_bytes(largest.read_bytes()[:largest.stat().st_size // 2])
+    truncate(max(array_files(step), key=lambda p: p.stat().st_size))
 
 
 def _empty(step):
@@ -77,9 +76,8 @@ def test_no_usable_checkpoint_from_the_real_command(run, token_cache):
 
     # Every array file of step 4 cut short: Orbax's abandoned reads would print hundreds of
     # tracebacks to stderr, which is checked whole (quiet_reads.py).
-    for path in (run / "checkpoints" / "4" / "state").rglob("*"):
-        if path.is_file() and path.parent.name == "d":
-            path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    for path in array_files(run / "checkpoints" / "4"):
+        truncate(path)
     (run / "checkpoints" / "2" / "state" / "_METADATA").write_text("{garbled")
     proc = subprocess.run([sys.executable, "train.py", *tiny(run, token_cache)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
