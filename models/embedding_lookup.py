@@ -24,7 +24,6 @@ manual data axis, where the partitioner's own plan compiles and moves fewer byte
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +31,8 @@ from flax.core import spmd
 from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
+
+from models.sharding import axis_names, mesh_size
 
 RULE = "lookup_vocab"
 
@@ -42,12 +43,6 @@ def embedding_lookup(table, tokens):
     if plan is None:
         return jnp.take(table, tokens, axis=0)
     return _vocab_parallel(table, tokens, plan)
-
-
-def _names(entry) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
 
 
 def _plan(table, token_shape: tuple[int, ...]):
@@ -64,13 +59,13 @@ def _plan(table, token_shape: tuple[int, ...]):
     # table gradient on 8x1x8).
     auto = {n for n, t in zip(mesh.axis_names, mesh.axis_types)
             if t != AxisType.Manual and mesh.shape[n] > 1}
-    vocab_axes = tuple(n for n in _names(rules[RULE]) if n in auto)
-    size = math.prod(mesh.shape[n] for n in vocab_axes)
+    vocab_axes = tuple(n for n in axis_names(rules[RULE]) if n in auto)
+    size = mesh_size(mesh, vocab_axes)
     if size <= 1 or vocab % size:
         return None
     # The tokens' leading (batch) dimension split as the rules split "batch", when it divides.
-    token_axes = tuple(n for n in _names(rules.get("batch")) if n in auto and n not in vocab_axes)
-    if not token_shape or not token_axes or token_shape[0] % math.prod(mesh.shape[n] for n in token_axes):
+    token_axes = tuple(n for n in axis_names(rules.get("batch")) if n in auto and n not in vocab_axes)
+    if not token_shape or not token_axes or token_shape[0] % mesh_size(mesh, token_axes):
         token_axes = ()
     return vocab_axes, token_axes, tuple(table.shape), jnp.dtype(table.dtype).name
 
@@ -120,11 +115,11 @@ def _bwd(plan, tokens, grad_rows):
     vocab_axes, token_axes, table_shape, table_dtype = plan
     _, tokens_spec, rows_spec = _specs(plan, tokens.ndim)
     mesh = jax.sharding.get_abstract_mesh()
-    local_vocab = table_shape[0] // math.prod(mesh.shape[n] for n in vocab_axes)
+    local_vocab = table_shape[0] // mesh_size(mesh, vocab_axes)
     hidden = table_shape[1]
     # The token ranks' partial gradients are summed by a reduce-scatter along the hidden
     # dimension where it divides (the parameter is split that way over fsdp), else psum.
-    scatter = bool(token_axes) and hidden % math.prod(mesh.shape[n] for n in token_axes) == 0
+    scatter = bool(token_axes) and hidden % mesh_size(mesh, token_axes) == 0
 
     def body(tokens, grad_rows):
         index, inside = _local(tokens, vocab_axes, local_vocab)

@@ -17,9 +17,16 @@ from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
 
-def _mesh_size(mesh, entry) -> int:
-    names = entry if isinstance(entry, tuple) else (entry,)
-    return math.prod(mesh.shape[n] for n in names)
+def axis_names(entry) -> tuple[str, ...]:
+    """The mesh axes a rule entry names: None, one name, or a tuple (or list) of names."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def mesh_size(mesh, entry) -> int:
+    """How many devices the axes of a rule entry span together (1 for none)."""
+    return math.prod(mesh.shape[n] for n in axis_names(entry))
 
 
 def constrain(x, logical_axes: tuple[str | None, ...]):
@@ -36,13 +43,9 @@ def constrain(x, logical_axes: tuple[str | None, ...]):
     spec = []
     for dim, name in zip(x.shape, logical_axes, strict=True):
         entry = table.get(name) if name is not None else None
-        if entry is not None and (not all(n in mesh.shape for n in _names(entry))
-                                  or dim % _mesh_size(mesh, entry)):
+        if entry is not None and (not all(n in mesh.shape for n in axis_names(entry))
+                                  or dim % mesh_size(mesh, entry)):
             entry = None
         spec.append(entry)
     return jax.lax.with_sharding_constraint(x, P(*spec))
-
-
-def _names(entry) -> tuple[str, ...]:
-    return entry if isinstance(entry, tuple) else (entry,)
 
