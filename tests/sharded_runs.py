@@ -85,6 +85,12 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     return cfg, graphdef, spec, state, mesh
 
 
+def first_moment(opt_state):
+    """Adam's first moment (mu) in the trainer's optimizer state: clip_by_global_norm, then
+    adamw's chain, whose first link is scale_by_adam."""
+    return opt_state[1][0].mu
+
+
 def one_ulp_up(params):
     """The master weights one FP32 ulp up on a random (fixed) half of their elements."""
     rng = np.random.default_rng(1)
@@ -97,7 +103,7 @@ def run(recipe: str, dtype: str, mesh_sizes, perturb: str = "") -> dict:
         state["params"] = one_ulp_up(state["params"])
     q_proj = lambda s: s["layers"][0]["attn"]["q_proj"]["kernel"]  # noqa: E731
     shard = list(q_proj(state["params"]).addressable_shards[0].data.shape)
-    moment = list(q_proj(state["opt_state"][1][0].mu).addressable_shards[0].data.shape)
+    moment = list(q_proj(first_moment(state["opt_state"])).addressable_shards[0].data.shape)
     losses = []
     for batch in batches(cfg.vocab_size):
         if perturb == "reversed":  # the same examples, rows in the opposite order

@@ -21,7 +21,7 @@ from flax import nnx
 from bench.hlo_collectives import collectives, mesh_axes
 from lp_jax.training import state as state_lib
 from lp_jax.training.step import jitted_train_step
-from tests.sharded_runs import OPTIMIZER, batches, build, one_ulp_up
+from tests.sharded_runs import OPTIMIZER, batches, build, first_moment, one_ulp_up
 
 # (mesh, mesh.tp_reduce_dtype); tensor 2 for MXFP8, whose 32-element blocks along the tiny
 # model's 64 attention features would straddle 4 ranks (the trainer refuses that mesh).
@@ -58,7 +58,7 @@ def run(recipe: str, mesh_sizes, tp_reduce_dtype: str) -> dict:
     # The gradient, read from Adam's first moment after the first step: mu = (1 - b1) g with
     # mu starting at zero, g the trainer's own (clipped to global norm 1, a factor common to
     # every run up to rounding), so no second program computes it apart from the step.
-    mu = new_state["opt_state"][1][0].mu
+    mu = first_moment(new_state["opt_state"])
     grads = jax.tree.map(lambda m: np.asarray(m, np.float32) / np.float32(1 - OPTIMIZER.b1), mu)
     names = dict(zip(("data", "fsdp", "tensor"), mesh_sizes))
     colls = [dict(kind=c.kind, dtype=c.dtype, bytes=c.bytes, narrow_bytes=c.narrow_bytes, runs=c.runs,
