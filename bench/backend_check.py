@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     bf16 = inputs(x_shape, n, jnp.bfloat16)
     rows, ok = [], True
     for name in RECIPES:
-        native = backends.native_backend(lp.get_recipe(name))
+        native = lp.get_recipe(name).native_backend
         outs = {}
         for backend in ("reference", native, "auto"):
             outs[backend] = linear_vjp(lp.get_recipe(name, backend=backend))(*f32)

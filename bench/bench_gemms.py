@@ -48,7 +48,7 @@ def _gemm_fn(recipe, gemm, backend, prepare):
         if prepare is not None:
             oa = prepare(oa, getattr(recipe, field_a), axis_a, key=jax.random.fold_in(key, 1))
             ob = prepare(ob, getattr(recipe, field_b), axis_b, key=jax.random.fold_in(key, 2))
-        return backends.gemm(backend, backends.native_backend(recipe), oa, ob, ((axis_a,), (axis_b,)),
+        return backends.gemm(backend, recipe.native_backend, oa, ob, ((axis_a,), (axis_b,)),
                              jnp.bfloat16, out_dtype)
     return fn
 
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             base = tflops(lp.get_recipe("bf16"), gemm, tensors, "reference", True, args.repeats, key)
             cells = [f"{k}x{n}", gemm, f"{base:.3g}"]
             for r in recipes:
-                backend = {"auto": backends.resolved(r), "native": backends.native_backend(r)}.get(
+                backend = {"auto": backends.resolved(r), "native": r.native_backend}.get(
                     args.backend, args.backend)
                 for mode in modes:
                     t = tflops(r, gemm, tensors, backend, mode == "incl", args.repeats, key)

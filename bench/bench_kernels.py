@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import median_seconds, platform_line, print_table  # noqa: E402
 from lp_jax.gemm.operands import Transposed, operand_pair, stored  # noqa: E402
 from lp_jax.kernels.launch import cuda_lowering_error  # noqa: E402
-from lp_jax.numerics.quantize import quantize  # noqa: E402
+from lp_jax.quantizer import quantize  # noqa: E402
 from lp_jax.recipes import OperandSpec  # noqa: E402
 
 # Memory bandwidth by device kind (bytes/s), for the "% of peak" column.

@@ -5,7 +5,8 @@ Training GEMMs: get_recipe (and the recipe classes), dot_general, apply_recipe.
 """
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral, dot_general
 from lp_jax.numerics.hadamard import hadamard
-from lp_jax.numerics.quantize import FORMATS, QuantizedTensor, dequantize, quantize
+from lp_jax.numerics.quantize import FORMATS, QuantizedTensor, dequantize
+from lp_jax.quantizer import quantize
 from lp_jax.recipes import (BF16, RECIPES, Float8CurrentScaling, MXFP8BlockScaling,
                             NVFP4BlockScaling, OperandSpec, Recipe, get_recipe)
 from lp_jax.surgery.swap import SwapReport, apply_recipe

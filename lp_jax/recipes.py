@@ -7,28 +7,46 @@ choices are derived from its options in ``__post_init__`` so they can never disa
 
 Operands of a linear layer y = x W^T (docs/numerics.md):
 fprop (x, W along K), dgrad (dy, W along N), wgrad (x, dy along M, the tokens).
+
+Pure data: this module imports nothing of the project. The vocabularies of the choices a
+recipe makes (formats, GEMM backends, quantizer implementations) are written here once,
+and the layers below and above check against them.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import re
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from lp_jax import kernels
-from lp_jax.gemm import backends
+Format = Literal["fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]
+Backend = Literal["auto", "reference", "xla_fp8", "cudnn"]
+QuantizeImpl = Literal["xla", "pallas", "auto"]
+PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
+BLOCK_FORMATS: tuple[Format, ...] = ("mxfp8", "nvfp4")
+BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn")
+QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
+# The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
+# per-tensor scales, cuDNN's block-scaled GEMM for block formats (docs/backends.md).
+NATIVE_BACKEND = {"per_tensor": "xla_fp8", "block": "cudnn"}
+
+
+def check_choice(name: str, value, choices: tuple) -> None:
+    """One line (ValueError) when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; expected one of {choices}")
 
 
 @dataclasses.dataclass(frozen=True)
 class OperandSpec:
     """How one GEMM operand is quantized. fmt None means BF16 (not quantized)."""
 
-    fmt: str | None = None  # "fp8_e4m3" | "fp8_e5m2" | "mxfp8" | "nvfp4"
+    fmt: Format | None = None
     block_2d: bool = False  # NVFP4 weights: 16x16 tiles (one copy serves fprop and dgrad)
     rht: bool = False  # random Hadamard transform along the contraction axis first
     stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
     scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
-    quantize_impl: str = "auto"  # the quantizer that makes it: "xla", "pallas" or "auto" (lp_jax/kernels)
+    quantize_impl: QuantizeImpl = "auto"  # the quantizer that makes it (lp_jax.quantize's impl)
 
 
 _BF16_OPERAND = OperandSpec()
@@ -50,10 +68,10 @@ class Recipe:
     # GEMM implementation of the quantized GEMMs: "auto" (decided per platform when the program
     # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
-    backend: str = "auto"
+    backend: Backend = "auto"
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
     # lp_jax/kernels; the same bits) or "auto" (xla until a GPU measures Pallas faster).
-    quantize_impl: str = "auto"
+    quantize_impl: QuantizeImpl = "auto"
     # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
     # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
     # weight (lp_jax/gemm/param_gather.py); the same values either way. No effect on BF16 GEMMs.
@@ -71,7 +89,7 @@ class Recipe:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
-        kernels.check_impl(self.quantize_impl)
+        check_choice("impl", self.quantize_impl, QUANTIZE_IMPLS)
         layers = self.bf16_layers
         if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__") or any(
                 not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):
@@ -81,10 +99,31 @@ class Recipe:
             raise ValueError(f"param_gather={self.param_gather!r} must be true or false")
         for gemm_operand, spec in self._operands().items():
             object.__setattr__(self, gemm_operand, dataclasses.replace(spec, quantize_impl=self.quantize_impl))
-        backends.check_backend(self)
+        self._check_backend()
 
     def _operands(self) -> dict[str, OperandSpec]:
         return {}
+
+    @property
+    def native_backend(self) -> str | None:
+        """The backend built for this recipe's quantized GEMMs: xla_fp8 for per-tensor FP8,
+        cudnn for block formats, None when it quantizes nothing (BF16 runs XLA's dot anywhere)."""
+        kinds = {"per_tensor" if spec.fmt in PER_TENSOR_FORMATS else "block"
+                 for spec in self.operand_specs() if spec.fmt}
+        if not kinds:
+            return None
+        if len(kinds) > 1:
+            raise ValueError(f"recipe {self.name!r} mixes per-tensor and block formats: no backend runs it")
+        return NATIVE_BACKEND[kinds.pop()]
+
+    def _check_backend(self) -> None:
+        """One line if ``backend`` is unknown or cannot run the recipe's formats."""
+        check_choice("backend", self.backend, BACKENDS)
+        native = self.native_backend
+        if self.backend in ("auto", "reference") or native is None or self.backend == native:
+            return
+        raise ValueError(f"backend={self.backend!r} cannot run recipe {self.name!r}: its GEMMs run on "
+                         f"'auto', 'reference' or {native!r}")
 
     def operand_specs(self) -> tuple[OperandSpec, ...]:
         return tuple(getattr(self, f) for f in OPERAND_FIELDS)

@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from lp_jax.context import layer_scope
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
     ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
     config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
 from models.embedding_lookup import embedding_lookup
+from models.layer_scope import layer_scope
 from models.layers import BLD, Block, RMSNorm, rope_tables
 from models.sharding import constrain
 
@@ -116,7 +116,7 @@ class Llama(nnx.Module):
     def _layer_fn(self, graphdef):
         """The per-layer body (state, x, layer index) -> x, with the remat policy applied."""
         def body(state, x, i, rope, mask, segment_ids):
-            with layer_scope(i):  # per-layer random bits for stochastic rounding in lp_jax
+            with layer_scope(i):  # which layer runs, for precision code that reads it
                 return nnx.merge(graphdef, state)(x, rope, mask, segment_ids)
         if self.config.remat == "none":
             return body

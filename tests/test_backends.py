@@ -46,7 +46,7 @@ def _jitted(recipe):
 
 
 def _native(recipe):
-    return lp.get_recipe(recipe, backend=backends.native_backend(recipe))
+    return lp.get_recipe(recipe, backend=lp.get_recipe(recipe).native_backend)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[0])) + f"x{s[1]}")
@@ -235,7 +235,7 @@ def test_llama_train_step_with_each_backend_forced_matches_reference(name):
 
     policy = "F0L1"
     results = {}
-    for backend in ("reference", backends.native_backend(lp.get_recipe(name))):
+    for backend in ("reference", lp.get_recipe(name).native_backend):
         recipe = lp.get_recipe(name, policy=policy, backend=backend)
         graphdef, spec, state, report = _llama(recipe, dtype=jnp.float32, num_layers=2)
         assert len(report.quantized) == 7  # layer 0 of 2, seven Linears
@@ -279,7 +279,7 @@ layouts = {"column": (P("d", None, None), P(None, "t")), "row": (P("d", None, "t
            "fsdp": (P("d", None, None), P("d", "t"))}
 worst = 0.0
 for name in ("fp8_cs", "mxfp8", "nvfp4"):
-    recipe = lp.get_recipe(name, backend=backends.native_backend(lp.get_recipe(name)))
+    recipe = lp.get_recipe(name, backend=lp.get_recipe(name).native_backend)
     f = jax.jit(lambda x, w: jax.vjp(lambda x, w: lp.dot_general(recipe)(x, w, dn), x, w)[1](
         lp.dot_general(recipe)(x, w, dn)))
     ref = jax.jit(lambda x, w: jax.vjp(lambda x, w: lp.dot_general(lp.get_recipe(name, backend="reference"))(x, w, dn), x, w)[1](

@@ -179,7 +179,7 @@ def test_scan_splits_at_precision_changes_and_layer_bits_agree():
     assert groups == [(0, 3), (3, 4)]
     # If every layer drew the same bits the result would differ: check the layers differ.
     with rng_scope(jax.random.key(7)):
-        from lp_jax.context import layer_scope
+        from models.layer_scope import layer_scope
         with layer_scope(jnp.int32(0)):
             k0 = jax.random.key_data(site_key())
         with layer_scope(1):

@@ -31,10 +31,10 @@ def test_mxfp8_along_each_axis(scale_rule):
 
 
 def test_impl_is_checked_and_auto_is_xla_until_measured():
-    from lp_jax import kernels
+    from lp_jax import quantizer
     with pytest.raises(ValueError, match=r"^impl='triton' is not valid; expected one of \('xla', 'pallas', 'auto'\)$"):
         lp.quantize(jnp.ones((4, 32)), "mxfp8", impl="triton")
-    assert kernels.resolve("auto") == "xla" and kernels.select.MEASURED_FASTER == ()
+    assert quantizer.resolve_impl("auto") == "xla" and quantizer.MEASURED_FASTER == ()
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])

@@ -193,7 +193,7 @@ def test_a_shard_of_partial_blocks_is_refused():
 
 # (element type bitcast to bytes for the gathers, gathers per Linear per pass, tensor amax?,
 # per-tensor amaxes of activations and gradients per Linear: on a mesh with a data axis each
-# is one scalar all-reduce(max) over data (the data shard_map, context.tensor_amax): FP8-CS
+# is one scalar all-reduce(max) over data (the data shard_map, manual_axes.tensor_amax): FP8-CS
 # x and dy; NVFP4 x, dy and their RHT'd wgrad copies)
 _WIRE = {"fp8_cs": ({"f8E4M3FN->ui8"}, 1, True, 2),
          "mxfp8": ({"f8E4M3FN->ui8", "f8E8M0FNU->ui8"}, 2, False, 0),

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from lp_jax import context
-from lp_jax.context import layer_scope
+from models.layer_scope import layer_scope
 from lp_jax.training import state as state_lib
 from lp_jax.training.mesh import make_mesh
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer

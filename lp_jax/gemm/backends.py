@@ -19,7 +19,7 @@ Backends (docs/backends.md):
 The backends share the quantized bytes: the dot_general quantizes (or hands over a
 ``Pending`` operand that each backend quantizes in its own layout with the same rounding),
 so only the GEMM differs. A forced backend that does not fit the recipe raises when the
-recipe is made; one that cannot run on the platform a program is lowered for raises one
+recipe is made (``Recipe.native_backend``); one that cannot run on the platform a program is lowered for raises one
 line while lowering (``_platform_guard``). Neither ever falls back silently.
 """
 from __future__ import annotations
@@ -30,9 +30,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from lp_jax.gemm import cudnn, operands, xla_fp8
-from lp_jax.numerics import formats as F
+from lp_jax.recipes import BACKENDS, Recipe  # noqa: F401  (BACKENDS: the names, re-exported)
 
-BACKENDS = ("auto", "reference", "xla_fp8", "cudnn")
 # Each backend's GEMM; the module named says what it computes.
 _IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot}
 # Platforms a forced backend lowers on. cpu is where JAX executes both natively-typed paths
@@ -42,42 +41,18 @@ PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cu
 AUTO_PLATFORM = "cuda"  # where "auto" picks the native backend; reference everywhere else
 
 
-def native_backend(recipe) -> str | None:
-    """The backend built for ``recipe``'s quantized GEMMs: xla_fp8 for per-tensor FP8,
-    cudnn for block formats, None when it quantizes nothing (BF16 runs XLA's dot anywhere)."""
-    fmts = {spec.fmt for spec in recipe.operand_specs() if spec.fmt}
-    if not fmts:
-        return None
-    per_tensor = {F.FORMAT_SPECS[f].per_tensor for f in fmts}
-    if len(per_tensor) > 1:
-        raise ValueError(f"recipe {recipe.name!r} mixes per-tensor and block formats: no backend runs it")
-    return "xla_fp8" if per_tensor.pop() else "cudnn"
-
-
-def check_backend(recipe) -> None:
-    """Raises one line if ``recipe.backend`` is unknown or cannot run the recipe's formats."""
-    backend = recipe.backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is not valid; expected one of {BACKENDS}")
-    native = native_backend(recipe)
-    if backend in ("auto", "reference") or native is None or backend == native:
-        return
-    raise ValueError(f"backend={backend!r} cannot run recipe {recipe.name!r}: its GEMMs run on "
-                     f"'auto', 'reference' or {native!r}")
-
-
-def resolved(recipe) -> str:
+def resolved(recipe: Recipe) -> str:
     """The recipe's backend with nothing left to decide but the platform: a forced name, or
     "auto"; "reference" for recipes that quantize nothing (their GEMM is the same everywhere)."""
-    return recipe.backend if native_backend(recipe) else "reference"
+    return recipe.backend if recipe.native_backend else "reference"
 
 
-def backend_on(recipe, platform: str) -> str:
+def backend_on(recipe: Recipe, platform: str) -> str:
     """The backend ``recipe``'s quantized GEMMs use in a program lowered for ``platform``
     ("cpu", "cuda", "rocm", "tpu"): what the run log and SwapReport print."""
     backend = resolved(recipe)
     if backend == "auto":
-        return native_backend(recipe) if platform == AUTO_PLATFORM else "reference"
+        return recipe.native_backend if platform == AUTO_PLATFORM else "reference"
     return backend
 
 

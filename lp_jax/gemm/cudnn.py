@@ -28,7 +28,8 @@ from jax import lax
 from lp_jax.gemm.operands import (Pending, Transposed, apply_factors, quantize_kwargs, stored, transformed,
                                   uses_pallas)
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor, quantize
+from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor
+from lp_jax.quantizer import quantize
 
 ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
 SCALE_COLUMN_TILE = 4  # scale columns (blocks along K) per tile

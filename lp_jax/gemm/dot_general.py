@@ -169,7 +169,7 @@ class LowPrecisionDotGeneral:
         if self.gather is not None and (rhs.ndim != 2 or rc != (0,)):
             raise ValueError(f"param_gather needs a Linear kernel [in, out] contracted over its first "
                              f"axis, got shape {rhs.shape} contracted over {rc}")
-        cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe), backends.native_backend(self.recipe),
+        cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe), self.recipe.native_backend,
                           jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather, self.tensor_reduce)
         return _linear(cfg, x2, w2, key_data).reshape(out_shape)
 

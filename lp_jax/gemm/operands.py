@@ -26,22 +26,18 @@ hardware block-scaled GEMM does.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax import kernels
 from lp_jax.kernels.api import block_pair
 from lp_jax.numerics import formats as F
-
 from lp_jax.numerics.decoded import nvfp4_values_in_place, quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
-from lp_jax.numerics.quantize import QuantizedTensor, block_values, quantize
-
-if TYPE_CHECKING:  # recipes imports the backends, which import this module
-    from lp_jax.recipes import OperandSpec
+from lp_jax.numerics.quantize import QuantizedTensor, block_values
+from lp_jax.quantizer import quantize, resolve_impl
+from lp_jax.recipes import OperandSpec
 
 PER_TENSOR = F.PER_TENSOR_FORMATS
 
@@ -96,7 +92,7 @@ def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
 
 def uses_pallas(spec: OperandSpec) -> bool:
     """Whether spec's copies come from the Pallas kernels (lp_jax/kernels; the same bits)."""
-    return spec.fmt is not None and kernels.resolve(spec.quantize_impl) == "pallas"
+    return spec.fmt is not None and resolve_impl(spec.quantize_impl) == "pallas"
 
 
 def operand(t, spec: OperandSpec, axis: int, key=None):

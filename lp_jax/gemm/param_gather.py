@@ -32,10 +32,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from lp_jax import context
 from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import abs_max, quantize
+from lp_jax.numerics.manual_axes import max_over_devices
+from lp_jax.numerics.quantize import abs_max
+from lp_jax.quantizer import quantize
 
 FSDP = "fsdp"
 
@@ -112,10 +113,10 @@ def _copies(recipe, wc, sharded_axes):
     amax = None
     if F.FORMAT_SPECS[fprop.fmt].tensor_scale or F.FORMAT_SPECS[dgrad.fmt].tensor_scale:
         # Over every axis of the shard, not axis=None: the data axis holds the same weight, so
-        # only the axes that shard it need the all-reduce below (context.tensor_amax would add data).
+        # only the axes that shard it need the all-reduce below (manual_axes.tensor_amax would add data).
         amax = abs_max(wc, axis=tuple(range(wc.ndim)))
         if sharded_axes:
-            amax = context.max_over_devices(amax, sharded_axes)  # one scalar all-reduce(max)
+            amax = max_over_devices(amax, sharded_axes)  # one scalar all-reduce(max)
     fq = quantize(wc, fprop.fmt, axis=0, tensor_amax=amax, **quantize_kwargs(fprop))
     if shares_bytes(fprop, dgrad):  # per-tensor FP8, NVFP4's 16x16 tiles: one copy for both
         return fq, fq

@@ -1,12 +1,13 @@
-"""quantize / dequantize: FP8 per-tensor current scaling, MXFP8 and NVFP4 (docs/numerics.md).
+"""The quantizers' definition: FP8 per-tensor current scaling, MXFP8 and NVFP4 in XLA
+(docs/numerics.md).
 
 A ``QuantizedTensor`` is a pytree of real low-precision arrays (``float8_e4m3fn``,
 ``float8_e5m2``, ``float4_e2m1fn``, ``float8_e8m0fnu``) plus static metadata, so it passes
 through ``jit``, ``vmap`` and ``custom_vjp`` residuals. The blocked kernels below work on
 float32 arrays already laid out as ``[..., n_blocks, block]``; the quantized dot_general
-calls them directly on its own layouts, and the public ``quantize`` only moves the blocked
-axis last, pads, and calls the same kernels, so the GEMMs and the public API share one
-definition of every rounding.
+calls them directly on its own layouts, and ``quantize_xla`` (behind the public
+``lp_jax.quantize``) only moves the blocked axis last, pads, and calls the same kernels, so
+the GEMMs, the Pallas kernels and the public API share one definition of every rounding.
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lp_jax import kernels
-from lp_jax import context
 from lp_jax.numerics import formats as F
+from lp_jax.numerics.manual_axes import tensor_amax as manual_tensor_amax
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
 FORMATS = tuple(F.FORMAT_SPECS)
@@ -90,7 +90,7 @@ def abs_max(x, axis=None, keepdims=False):
     m = jnp.max(lax.bitcast_convert_type(a, uint), axis=axis, keepdims=keepdims)
     amax = lax.bitcast_convert_type(m, a.dtype).astype(jnp.float32)
     # A whole-tensor amax inside the trainer's shard_map covers every device's piece.
-    return context.tensor_amax(amax) if axis is None else amax
+    return manual_tensor_amax(amax) if axis is None else amax
 
 
 # --------------------------------------------------------------------------- block kernels
@@ -268,7 +268,8 @@ def from_tiles(xt, r, c):
 # --------------------------------------------------------------------------- public API
 
 
-def _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
+def check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
+    """One line (ValueError) for arguments ``lp_jax.quantize`` does not accept."""
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is not a known format; expected one of {FORMATS}")
     dtype = getattr(x, "dtype", None)
@@ -293,30 +294,19 @@ def _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
         raise ValueError(f"scale_rule={scale_rule!r} is not valid; expected one of {SCALE_RULES}")
 
 
-def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
-             scale_rule="rceil", impl="xla", tensor_amax=None) -> QuantizedTensor:
-    """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
+def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
+                 scale_rule="rceil", tensor_amax=None) -> QuantizedTensor:
+    """``lp_jax.quantize(x, fmt, axis, ..., impl="xla")``: the arguments are checked, then
+    quantized by this module's block functions.
 
-    fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
-    (32-element blocks, E8M0 scales; scale_rule "rceil" as TE, or OCP "floor"), "nvfp4"
-    (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
-    scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
-    impl: "xla" (this module), "pallas" (the Pallas kernels of lp_jax/kernels, the same bits;
-    interpreted on CPU) or "auto" (xla until a GPU measures the kernels faster).
     tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
     shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
     """
-    _check_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
     x = jnp.asarray(x)
     ndim = x.ndim
     axis = axis % ndim if ndim else 0
-    xf = x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)  # kernels upcast in-fusion
-    if kernels.resolve(impl) == "pallas":
-        if tensor_amax is not None:  # the kernels take their amax over what they are given
-            raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
-        from lp_jax.kernels.api import quantize_pallas  # the kernels import this module
-        return quantize_pallas(xf, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
-                               scale_rule=scale_rule)
+    xf = as_quantizer_input(x)
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
@@ -334,6 +324,11 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
                                block_amax(xf, axis, NVFP4_BLOCK))
     data = from_blocks(data_b, axis, x.shape[axis])
     return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), s_dec, fmt, axis)
+
+
+def as_quantizer_input(x):
+    """x as bf16 or f32, what the block functions take (they upcast inside their fusions)."""
+    return x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)
 
 
 def _expand(scale, axis, block, n):

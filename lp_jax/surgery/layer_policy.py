@@ -1,7 +1,7 @@
 """Per-slice FiLj for Linears stacked over layers (nnx.vmap + nnx.scan models).
 
 One stacked Linear serves every layer, so its static dot_general cannot differ per layer.
-This one reads the layer index the model gives through ``lp_jax.context.layer_scope``:
+This one reads the layer index the model gives through ``models.layer_scope``:
 a Python int picks the recipe statically; a traced scan index selects between the recipe
 and BF16 with ``lax.cond``, so only the chosen GEMMs run. (Under ``jax.grad`` the cond keeps
 residual buffers for both branches; lp_jax's own Llama avoids this by scanning over runs of
@@ -35,7 +35,7 @@ class LayerPolicyDotGeneral:
             else:
                 raise ValueError(
                     f"a stacked Linear under layer policy {self.recipe.policy} needs the layer index: "
-                    "wrap each scanned layer's call in lp_jax.context.layer_scope(i)")
+                    "wrap each scanned layer's call in models.layer_scope.layer_scope(i)")
         kwargs = dict(precision=precision, preferred_element_type=preferred_element_type,
                       out_sharding=out_sharding)
         if isinstance(layer, int):

@@ -23,7 +23,7 @@ an unselected Linear is left alone.
 Stacked layers (one Linear whose kernel has a leading layer axis, made with nnx.vmap and
 run under nnx.scan): the policy is applied per slice at run time by
 ``LayerPolicyDotGeneral``, which reads the scan index the model passes through
-``lp_jax.context.layer_scope``. lp_jax's own Llama stores layers unrolled and scans over
+``models.layer_scope``. lp_jax's own Llama stores layers unrolled and scans over
 runs of identical layers instead, so its stacks split exactly where the policy changes.
 
 Only static attributes change (``dot_general``, ``promote_dtype``): the state tree is

@@ -14,7 +14,7 @@ cotangent of that row (the input tap: fprop x, fprop W, dgrad W, wgrad x from th
 and W; the output tap: dgrad dy, wgrad dy from the incoming cotangent, which is exactly the
 dy the GEMM's backward quantizes). The gradient of the loss with respect to the sinks is
 then the table of statistics, for unrolled and scanned layers alike (the row is indexed by
-the layer the model passes through ``lp_jax.context.layer_scope``).
+the layer the model passes through ``models.layer_scope``).
 
 Stochastically rounded operands (NVFP4 dy) are quantized for the statistics with bits of
 their own (from the probe's key, the layer and the Linear), not the GEMM's: the

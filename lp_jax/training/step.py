@@ -20,7 +20,7 @@ micro-batches' FP32 gradients locally, and the sums leave the shard_map stacked 
 new leading ``data`` axis, unreduced; one sum over that axis, constrained to the
 gradient's sharding, is the step's single data-axis reduction (an all-reduce, or with
 ZeRO-1 a reduce-scatter: XLA:CPU writes it as all-reduce + slice). Per-tensor amaxes
-inside are reduced over ``data`` (``lp_jax.context.manual_axes``), so every rank
+inside are reduced over ``data`` (``lp_jax.numerics.manual_axes``), so every rank
 quantizes with the logical tensor's scale, as the partitioned program does.
 
 ZeRO-1 (``StepSpec.shard_optimizer``): masters and Adam moments are split over ``data``
@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lp_jax import context
+from lp_jax.numerics.manual_axes import manual_axes
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 from lp_jax.training.partitioning import activation_rules, batch_sharding, state_shardings
 
@@ -246,7 +247,7 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
         # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
         weights = jax.lax.optimization_barrier(weights)
         masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
-        with context.manual_axes(("data",)):
+        with manual_axes(("data",)):
             grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
                                             manual=("data",))
         stacked = jax.tree.map(lambda g: g[None], grads)

@@ -1,0 +1,50 @@
+"""``lp_jax.quantize``: the public quantizer, run by XLA or by the Pallas kernels.
+
+"xla" is ``lp_jax.numerics.quantize`` (the definition); "pallas" is ``lp_jax.kernels``
+(Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "xla" on
+every platform until a GPU measures the kernels faster (``MEASURED_FASTER``; choosing by
+platform without a measurement would be a guess).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from lp_jax.kernels.api import quantize_pallas
+from lp_jax.numerics.quantize import QuantizedTensor, as_quantizer_input, check_quantize_args, quantize_xla
+from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
+
+# Platforms where the kernels were measured faster than XLA (bench/bench_kernels.py on a
+# GPU): empty until a GPU run says otherwise.
+MEASURED_FASTER: tuple[str, ...] = ()
+
+
+def resolve_impl(impl: str) -> str:
+    """"xla" or "pallas" for ``impl``; "auto" is "xla" until a GPU measurement says otherwise."""
+    check_choice("impl", impl, QUANTIZE_IMPLS)
+    if impl != "auto":
+        return impl
+    return "pallas" if MEASURED_FASTER else "xla"
+
+
+def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
+             scale_rule="rceil", impl="xla", tensor_amax=None) -> QuantizedTensor:
+    """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
+
+    fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
+    (32-element blocks, E8M0 scales; scale_rule "rceil" as TE, or OCP "floor"), "nvfp4"
+    (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
+    scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
+    impl: "xla", "pallas" (the same bits; interpreted on CPU) or "auto".
+    tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
+    shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
+    """
+    if resolve_impl(impl) == "xla":
+        return quantize_xla(x, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
+                            scale_rule=scale_rule, tensor_amax=tensor_amax)
+    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+    if tensor_amax is not None:  # the kernels take their amax over what they are given
+        raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
+    x = jnp.asarray(x)
+    axis = axis % x.ndim if x.ndim else 0
+    return quantize_pallas(as_quantizer_input(x), fmt, axis, block_2d=block_2d, rounding=rounding,
+                           key=key, scale_rule=scale_rule)
