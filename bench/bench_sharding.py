@@ -47,13 +47,12 @@ import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
 from bench import comm_time  # noqa: E402
 from bench.hlo_collectives import KINDS, all_gathers, collective_bytes, collectives, mesh_axes  # noqa: E402
-from lp_jax.training.mesh import make_mesh  # noqa: E402
+from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
-from lp_jax.training.partitioning import batch_sharding  # noqa: E402
+from lp_jax.parallel.partitioning import batch_sharding  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
-from lp_jax.training.tensor_parallel import set_tensor_reductions  # noqa: E402
-from lp_jax.training.weight_gather import set_weight_gathers  # noqa: E402
+from lp_jax.parallel.linear_layout import LinearLayout  # noqa: E402
 from models import llama  # noqa: E402
 
 MESHES = ((8, 1, 1), (8, 1, 1, "z"), (1, 8, 1), (1, 4, 2, "fp32"), (1, 4, 2), (1, 1, 8, "fp32"), (1, 1, 8),
@@ -77,9 +76,8 @@ def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=Fal
     mesh = make_mesh(data, fsdp, tensor)
     cfg = llama.preset("llama3_8b", scan_layers=True, remat=remat)
     model = nnx.eval_shape(lambda: llama.Llama(cfg, rngs=nnx.Rngs(0)))
-    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe))
-    set_weight_gathers(model, dict(mesh.shape))  # precision.param_gather, as the trainer sets it
-    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)  # mesh.tp_reduce_dtype, likewise
+    # precision.param_gather and mesh.tp_reduce_dtype, as the trainer sets them
+    lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe), layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OPTIMIZER)
     target = abstract_state((graphdef, params, rest), tx, 0)

@@ -6,7 +6,7 @@ all-to-all's operand, 2(n-1)/n of an all-reduce's, (n-1) times an all-gather's o
 (its shard), and all of a collective-permute's; n is the collective's group size. Each
 collective runs at the bandwidth of the slowest link its group uses: NVLink when all its
 devices sit in one node, the network otherwise (devices are numbered in mesh order,
-``gpus_per_node`` to a node, as lp_jax.training.mesh lays them out).
+``gpus_per_node`` to a node, as lp_jax.parallel.mesh lays them out).
 
 The defaults: H100/H200 SXM NVLink 4, 900 GB/s per GPU counting both directions, so 450
 GB/s each way; 50 GB/s per GPU across nodes (one 400 Gb/s NIC per GPU); compute at the

@@ -30,7 +30,7 @@ import jax  # noqa: E402
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir  # noqa: E402
-from lp_jax.training.mesh import make_mesh  # noqa: E402
+from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training.state import split_model  # noqa: E402
 from lp_jax.training.step import forward_nll  # noqa: E402
 

@@ -29,8 +29,8 @@ from bench.common import platform_line, print_table  # noqa: E402
 from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
 from lp_jax.training import metrics as metrics_lib  # noqa: E402
 from lp_jax.training import state as state_lib  # noqa: E402
-from lp_jax.training.config_io import load_config  # noqa: E402
-from lp_jax.training.mesh import make_mesh  # noqa: E402
+from lp_jax.config.yaml_io import load_config  # noqa: E402
+from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import make_optimizer  # noqa: E402
 from lp_jax.training.step import StepSpec, train_step  # noqa: E402
 from lp_jax.training.validate import resolve  # noqa: E402

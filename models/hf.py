@@ -266,7 +266,8 @@ def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llam
     if cfg is None:
         config_path = os.path.join(ckpt_dir, "llama_config.json")
         if not os.path.isfile(config_path):
-            raise HFError(f"missing file {config_path} (pass a preset for a bare state checkpoint)")
+            raise HFError(f"missing file {config_path} (pass a preset for a bare state checkpoint; "
+                          "a training run exports with python -m lp_jax.export RUN_DIR HF_DIR)")
         with open(config_path) as f:
             cfg = config_from_dict(json.load(f))
     if not os.path.isdir(state_dir):

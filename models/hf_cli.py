@@ -1,12 +1,11 @@
-"""`python -m models.hf import|export`: HF folder <-> Orbax checkpoint of the model state,
-and a training run -> HF folder.
+"""`python -m models.hf import|export`: HF folder <-> Orbax checkpoint of the model state.
 
     python -m models.hf import HF_DIR CKPT_DIR [--param-dtype float32]
-    python -m models.hf export RUN_DIR HF_DIR [--step N] [--dtype bfloat16]   # a training run
     python -m models.hf export CKPT_DIR HF_DIR [--dtype bfloat16] [--max-shard-size 5GB]
     python -m models.hf export STATE_DIR HF_DIR --preset llama3_8b   # a bare state checkpoint
 
-Bad input prints one `error: ...` line and exits with status 2.
+A training run folder exports with `python -m lp_jax.export RUN_DIR HF_DIR`. Bad input
+prints one `error: ...` line and exits with status 2.
 """
 from __future__ import annotations
 
@@ -26,12 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("ckpt_dir", help="new folder: state/, llama_config.json, hf_config.json")
     imp.add_argument("--param-dtype", default="float32", help="master weight dtype (float32)")
     imp.add_argument("--dtype", default="bfloat16", help="compute dtype recorded in the config")
-    exp = sub.add_parser("export", help="training run or Orbax checkpoint -> HF Llama folder")
-    exp.add_argument("ckpt_dir", help="a training run folder (or its checkpoints/ or "
-                     "checkpoints/STEP folder), or a state checkpoint written by import")
+    exp = sub.add_parser("export", help="Orbax state checkpoint -> HF Llama folder")
+    exp.add_argument("ckpt_dir", help="a state checkpoint written by import")
     exp.add_argument("hf_dir")
-    exp.add_argument("--step", type=int, default=None, help="the run's checkpoint to export "
-                     "(default: the newest that restores)")
     exp.add_argument("--dtype", default=None, help="tensor dtype in the HF files (default: the "
                      "parameters' dtype); float32 | bfloat16 | float16")
     exp.add_argument("--max-shard-size", default="5GB")
@@ -43,7 +39,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     # Deferred so that `--help` and argument errors answer without importing JAX.
-    from lp_jax.training.saved_run import RunFolderError, is_run_source
     from models import hf
     from models.config import preset
     try:
@@ -55,16 +50,7 @@ def main(argv=None) -> int:
             print(f"imported {args.hf_dir} -> {args.ckpt_dir}")
         elif not os.path.isdir(args.ckpt_dir):
             raise HFError(f"{args.ckpt_dir}: no such folder")
-        elif is_run_source(args.ckpt_dir):
-            if args.preset is not None:
-                raise HFError("--preset is for a bare state checkpoint; a run records its model")
-            from lp_jax.training.hf_export import export_run
-
-            export_run(args.ckpt_dir, args.hf_dir, step=args.step, dtype=args.dtype,
-                       max_shard_size=args.max_shard_size)
         else:
-            if args.step is not None:
-                raise HFError(f"--step applies to a training run folder; {args.ckpt_dir} is not one")
             cfg = None
             if args.preset is not None:
                 try:
@@ -80,7 +66,7 @@ def main(argv=None) -> int:
             hf.save_hf(model, args.hf_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
                        extra_config=extra)
             print(f"exported {args.ckpt_dir} -> {args.hf_dir}")
-    except (HFError, RunFolderError) as e:
+    except HFError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

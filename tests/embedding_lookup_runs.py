@@ -23,8 +23,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lp_jax.training.mesh import make_mesh
-from lp_jax.training.partitioning import activation_rules
+from lp_jax.parallel.mesh import make_mesh
+from lp_jax.parallel.partitioning import activation_rules
 from models.embedding_lookup import embedding_lookup
 
 VOCAB, HIDDEN, BATCH, SEQ = 384, 128, 8, 128

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from lp_jax.training import state as state_lib
-from lp_jax.training.partitioning import path_string
+from lp_jax.parallel.partitioning import path_string
 from lp_jax.training.step import jitted_train_step
 from tests.sharded_runs import batches, build
 

@@ -27,9 +27,9 @@ import numpy as np
 from flax import nnx
 
 import lp_jax
-from lp_jax.training import data as data_lib
+from lp_jax.data import pipeline as data_lib
 from lp_jax.training import state as state_lib
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama
@@ -65,8 +65,7 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
     ``recipe`` with every Linear quantized (F0L0), precision.param_gather and
     mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked)."""
-    from lp_jax.training.tensor_parallel import set_tensor_reductions
-    from lp_jax.training.weight_gather import set_weight_gathers
+    from lp_jax.parallel.linear_layout import LinearLayout
 
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
     mesh = make_mesh(*mesh_sizes[:3])
@@ -76,9 +75,8 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     build_model = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
     model = nnx.eval_shape(build_model)
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
-                                                 param_gather=param_gather))
-    set_weight_gathers(model, dict(mesh.shape))
-    set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
+                                                 param_gather=param_gather),
+                        layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build_model, tx, 0, spec.state_shardings(target))

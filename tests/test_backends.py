@@ -197,9 +197,9 @@ def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False, num_layers=None):
     """(graphdef, StepSpec, state, SwapReport) of the trainer's step for the tiny Llama."""
     from models import llama
     from lp_jax.training import state as state_lib
-    from lp_jax.training.mesh import make_mesh
+    from lp_jax.parallel.mesh import make_mesh
     from lp_jax.training.optimizer import make_optimizer
-    from lp_jax.training.partitioning import state_shardings
+    from lp_jax.parallel.partitioning import state_shardings
     from lp_jax.training.step import StepSpec
     from tests.toy_models import opt_spec
 

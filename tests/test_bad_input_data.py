@@ -3,9 +3,9 @@ exit 2, before the run folder is written; binary text files are skipped and coun
 import numpy as np
 import pytest
 
-from lp_jax.training import data
-from lp_jax.training.config_io import ConfigError, load_config
-from lp_jax.training.tokenizers import ByteTokenizer
+from lp_jax.data import pipeline as data
+from lp_jax.config.yaml_io import ConfigError, load_config
+from lp_jax.data.tokenizers import ByteTokenizer
 from tests.bad_input import ROOT, only_line, tiny, train
 
 TOKENS = ["data.source=tokens", "data.val_paths=[]"]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from lp_jax.training.folders import write_problem
+from lp_jax.runs.writable import write_problem
 from tests.bad_input import only_line, tiny, train
 
 ROOT_USER = os.geteuid() == 0

@@ -1,4 +1,4 @@
-"""The tools that read a run's weights (eval.py --checkpoint, `python -m models.hf export`,
+"""The tools that read a run's weights (eval.py --checkpoint, `python -m lp_jax.export`,
 init.checkpoint, `python -m lp_jax.inspect`) over a damaged latest checkpoint
 (docs/bad_input.md, case 5): they read the newest checkpoint that restores, say which one
 they skipped and why on stderr, and leave the folder as it is (only the trainer sets
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from lp_jax.evaluation.loading import LoadError, load_from_run_dir
-from lp_jax.training.saved_run import RunFolderError, open_and_restore
+from lp_jax.runs.run_folder import RunFolderError, open_and_restore
 from tests.bad_input import ROOT, array_files, run, stopped_run, truncate  # noqa: F401 (fixtures)
 from tests.test_bad_input_resume import DAMAGE
 
@@ -59,7 +59,7 @@ def test_export_from_the_command_line(run, tmp_path):
     """The real command, in its own process: there Orbax's abandoned array reads would print
     their tracebacks to stderr (under pytest they become warnings), so stderr is checked whole."""
     _truncate_every_array_file(run / "checkpoints" / "4")
-    export = [sys.executable, "-m", "models.hf", "export", str(run)]
+    export = [sys.executable, "-m", "lp_jax.export", str(run)]
     proc = subprocess.run([*export, str(tmp_path / "hf")], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

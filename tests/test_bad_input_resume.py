@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from lp_jax.training.config_io import load_config
+from lp_jax.config.yaml_io import load_config
 from lp_jax.training.metrics import read_metrics
-from lp_jax.training.tokenizers import ByteTokenizer
+from lp_jax.data.tokenizers import ByteTokenizer
 from lp_jax.training.validate import Plan, model_shape_changes, resolve
 from tests.bad_input import (array_files, only_line, run, stopped_run, tiny, train,  # noqa: F401 (fixtures)
                               truncate)
@@ -110,7 +110,7 @@ def _plan(run_dir, *overrides) -> Plan:
 
 
 def _saved(*overrides) -> dict:
-    from lp_jax.training.config_io import to_dict
+    from lp_jax.config.yaml_io import to_dict
 
     return json.loads(json.dumps(to_dict(load_config(None, ["data.source=mock", *overrides]))))
 

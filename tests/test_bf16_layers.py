@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 import lp_jax as lp
-from lp_jax.training.config_io import ConfigError, load_config
+from lp_jax.config.yaml_io import ConfigError, load_config
 from lp_jax.training.validate import resolve
 from tests.toy_models import LINEARS_OF_BLOCK, StackedToy, Toy, unrolled_like
 

@@ -17,13 +17,13 @@ SCRIPT = r'''
 import json, sys
 import jax, numpy as np
 from flax import nnx
-from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import load_config
+from lp_jax.runs.checkpoint import Checkpointer, abstract_like
+from lp_jax.config.yaml_io import load_config
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-from lp_jax.training.mesh import make_mesh
-from lp_jax.training.partitioning import state_shardings
+from lp_jax.parallel.mesh import make_mesh
+from lp_jax.parallel.partitioning import state_shardings
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.validate import resolve
 from models import llama

@@ -22,10 +22,10 @@ SCRIPT = r'''
 import json, sys
 import jax, numpy as np
 from flax import nnx
-from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import load_config
+from lp_jax.runs.checkpoint import Checkpointer, abstract_like
+from lp_jax.config.yaml_io import load_config
 from lp_jax.training.loop import run
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import StepSpec

@@ -26,9 +26,9 @@ from flax import nnx
 import lp_jax
 from bench.hlo_collectives import collectives, mesh_axes, trip_counts
 from lp_jax.training import state as state_lib
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 from lp_jax.training.optimizer import make_optimizer
-from lp_jax.training.partitioning import batch_sharding, state_shardings
+from lp_jax.parallel.partitioning import batch_sharding, state_shardings
 from lp_jax.training.step import StepSpec, jitted_train_step
 from models import llama
 from tests.sharded_runs import OPTIMIZER

@@ -23,7 +23,7 @@ def test_greedy_sample_from_a_run_dir_matches_the_model(tmp_path, capsys):
     model = _run_dir(tmp_path)
     assert generate_cli.main([str(tmp_path), "--prompt", "ab", "--max-new-tokens", "5"]) == 0
     printed = capsys.readouterr().out.rstrip("\n")
-    from lp_jax.training.tokenizers import get_tokenizer
+    from lp_jax.data.tokenizers import get_tokenizer
     tok = get_tokenizer("bytes")
     ids = [tok.bos_id] + tok.encode("ab")
     expected = generate(model, [ids], 5, eos_id=tok.eos_id)[0, len(ids):]

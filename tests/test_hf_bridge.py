@@ -1,4 +1,4 @@
-"""A training run to a Hugging Face folder and back: `python -m models.hf export RUN_DIR`,
+"""A training run to a Hugging Face folder and back: `python -m lp_jax.export RUN_DIR`,
 `init.hf` / `init.checkpoint`, one-line errors.
 
 transformers is not installed here: the export is loaded by tests/hf_numpy_llama.py, a NumPy
@@ -19,17 +19,18 @@ from safetensors.numpy import load_file
 import lp_jax
 from lp_jax.evaluation import loading
 from lp_jax.training import cli
-from lp_jax.training import data as data_lib
-from lp_jax.training.checkpoint import Checkpointer, abstract_like
-from lp_jax.training.config_io import ConfigError
+from lp_jax.data import pipeline as data_lib
+from lp_jax.runs.checkpoint import Checkpointer, abstract_like
+from lp_jax.config.yaml_io import ConfigError
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import token_nll
-from lp_jax.training.tokenizers import ByteTokenizer, HFTokenizer
+from lp_jax.data.tokenizers import ByteTokenizer, HFTokenizer
 from lp_jax.training.validate import resolve
-from models import hf_cli, llama
+from lp_jax import export
+from models import llama
 from models.hf_config import tensor_map
 from tests import hf_numpy_llama
 from tests.eval_toys import write_byte_level_tokenizer
@@ -45,7 +46,7 @@ def source(tmp_path_factory, token_cache):
     root = tmp_path_factory.mktemp("bridge")
     config = tiny(root / "src", token_cache, "steps=3", "checkpoint.every=2", "checkpoint.keep=3")
     run(resolve(config))
-    assert hf_cli.main(["export", str(root / "src"), str(root / "hf")]) == 0
+    assert export.main([str(root / "src"), str(root / "hf")]) == 0
     return config, root
 
 
@@ -121,8 +122,8 @@ def test_exported_run_loads_as_llama_for_causal_lm(source):
 def test_a_step_folder_exports_that_step(source, tmp_path):
     _, root = source
     step_dir = root / "src" / "checkpoints" / "2"  # where a user points first
-    assert hf_cli.main(["export", str(step_dir), str(tmp_path / "a")]) == 0
-    assert hf_cli.main(["export", str(root / "src"), str(tmp_path / "b"), "--step", "2"]) == 0
+    assert export.main([str(step_dir), str(tmp_path / "a")]) == 0
+    assert export.main([str(root / "src"), str(tmp_path / "b"), "--step", "2"]) == 0
     a, b, latest = _hf_files(tmp_path / "a"), _hf_files(tmp_path / "b"), _hf_files(root / "hf")
     assert a.keys() == b.keys() == latest.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert not all(np.array_equal(a[k], latest[k]) for k in a)  # step 2, not the latest
@@ -241,7 +242,7 @@ def test_nvfp4_run_exports_its_fp32_masters(tmp_path, token_cache):
     masters = _flat_params(state)
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / dtype
-        assert hf_cli.main(["export", str(tmp_path / "run"), str(out), "--dtype", dtype]) == 0
+        assert export.main([str(tmp_path / "run"), str(out), "--dtype", dtype]) == 0
         exported = _hf_files(out)
         for name, path, transpose in tensor_map(plan.model_config):
             want = masters[path].T if transpose else masters[path]
@@ -276,9 +277,8 @@ def test_bad_inputs_are_one_line_and_exit_2(source, tmp_path, capsys):
         ([src, str(tmp_path / "o"), "--step", "7"], "no checkpoint of step 7; saved steps: 2, 3"),
         ([os.path.join(src, "checkpoints", "2"), str(tmp_path / "o"), "--step", "3"],
          "is the checkpoint of step 2, not step 3"),
-        ([src, str(tmp_path / "o"), "--preset", "tiny"], "--preset is for a bare state checkpoint"),
     ]:
-        assert hf_cli.main(["export", *args]) == 2
+        assert export.main(args) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
     assert not os.path.exists(tmp_path / "o")

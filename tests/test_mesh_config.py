@@ -11,13 +11,13 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import lp_jax
-from lp_jax.training import data as data_lib
-from lp_jax.training.config import DistributedConfig
-from lp_jax.training.config_io import ConfigError
-from lp_jax.training.distributed import resolve_arguments
-from lp_jax.training.mesh import mesh_shape
-from lp_jax.training.mesh_checks import check_blocks, check_heads
-from lp_jax.training.partitioning import param_spec, sharding_report, state_shardings
+from lp_jax.data import pipeline as data_lib
+from lp_jax.config.schema import DistributedConfig
+from lp_jax.config.yaml_io import ConfigError
+from lp_jax.parallel.distributed import resolve_arguments
+from lp_jax.parallel.mesh import mesh_shape
+from lp_jax.parallel.mesh_checks import check_blocks, check_heads
+from lp_jax.parallel.partitioning import param_spec, sharding_report, state_shardings
 from models import llama
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_moments_are_sharded_like_their_parameters_and_counters_replicated():
     import jax
     import optax
 
-    from lp_jax.training.mesh import make_mesh
+    from lp_jax.parallel.mesh import make_mesh
     from lp_jax.training.state import abstract_state
 
     cfg = _tiny()

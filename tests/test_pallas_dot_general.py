@@ -41,7 +41,7 @@ def test_fprop_dgrad_wgrad_equal_xla(recipe, backend):
 
 def test_quantize_impl_reaches_every_operand_and_is_checked(tmp_path):
     from lp_jax.recipes import OPERAND_FIELDS
-    from lp_jax.training.config_io import ConfigError, load_config
+    from lp_jax.config.yaml_io import ConfigError, load_config
     from lp_jax.training.validate import resolve
 
     r = lp.get_recipe("nvfp4", quantize_impl="pallas")

@@ -21,8 +21,8 @@ from flax import nnx
 
 import lp_jax
 from lp_jax.gemm.param_gather import _from_wire, _to_wire
-from lp_jax.training.config import PrecisionConfig
-from lp_jax.training.weight_gather import set_weight_gathers
+from lp_jax.config.schema import PrecisionConfig
+from lp_jax.parallel.linear_layout import LinearLayout
 from models import llama
 from tests.forced_devices import run_python
 
@@ -67,8 +67,8 @@ def _layouts(model):
 def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
     model = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=4), rngs=nnx.Rngs(0)))
     before = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(model))
-    lp_jax.apply_recipe(model, "fp8_cs")  # F1L1: layers 0 and 3 stay in BF16
-    gathered = set_weight_gathers(model, {"data": 1, "fsdp": 4, "tensor": 2})
+    # F1L1: layers 0 and 3 stay in BF16
+    gathered = lp_jax.apply_recipe(model, "fp8_cs", layout=LinearLayout({"data": 1, "fsdp": 4, "tensor": 2})).gathered
     layouts = _layouts(model)
     column, row = ("fsdp", "tensor"), ("tensor", "fsdp")
     for layer in (1, 2):
@@ -80,10 +80,11 @@ def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
     assert len(gathered) == 14  # BF16-policy layers and the LM head gather as before
     assert layouts["lm_head"] is None and layouts["layers/0/attn/q_proj"] is None
     assert jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(model)) == before
-    assert set_weight_gathers(model, {"data": 8, "fsdp": 1, "tensor": 1}) == []  # nothing sharded
+    # nothing sharded
+    assert lp_jax.apply_recipe(model, "fp8_cs", layout=LinearLayout({"data": 8, "fsdp": 1, "tensor": 1})).gathered == []
     assert not any(_layouts(model).values())
-    lp_jax.apply_recipe(model, lp_jax.get_recipe("fp8_cs", param_gather=False))
-    assert set_weight_gathers(model, {"data": 1, "fsdp": 8, "tensor": 1}) == []
+    assert lp_jax.apply_recipe(model, lp_jax.get_recipe("fp8_cs", param_gather=False),
+                               layout=LinearLayout({"data": 1, "fsdp": 8, "tensor": 1})).gathered == []
 
 
 GEMMS = r'''
@@ -94,7 +95,7 @@ import lp_jax as lp
 from lp_jax.gemm import param_gather
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.gemm.operands import quantize_kwargs
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 512)).astype(np.float32)
@@ -228,7 +229,7 @@ def test_first_train_step_and_its_all_gathers(recipe):
 
 RESUME = r'''
 import json, sys
-from lp_jax.training.config_io import load_config
+from lp_jax.config.yaml_io import load_config
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.validate import resolve

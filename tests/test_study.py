@@ -13,7 +13,7 @@ from lp_jax.study import curves, throughput
 from lp_jax.study.cli import main
 from lp_jax.study.study import StudyOptions, run_study
 from lp_jax.study.variants import ablation_variants, parse_precisions, variant_config
-from lp_jax.training.config_io import ConfigError, load_config
+from lp_jax.config.yaml_io import ConfigError, load_config
 
 
 def test_precisions_parse_with_policies_and_reject_bad_lists():

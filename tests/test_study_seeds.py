@@ -9,7 +9,7 @@ from lp_jax.study import seeds
 from lp_jax.study.cli import parse_seeds
 from lp_jax.study.study import StudyOptions, run_study
 from lp_jax.study.variants import TWIN, twin_variant
-from lp_jax.training.config_io import ConfigError, load_config
+from lp_jax.config.yaml_io import ConfigError, load_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "configs", "tiny.yaml")

@@ -47,22 +47,21 @@ GRAD_FLOOR = 2.0 ** -6
 
 def test_row_and_column_parallel_linears_are_marked():
     import lp_jax
-    from lp_jax.training.tensor_parallel import set_tensor_reductions
+    from lp_jax.parallel.linear_layout import LinearLayout
     from models import llama
 
     model = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=2), rngs=nnx.Rngs(0)))
-    lp_jax.apply_recipe(model, "mxfp8")
-    marked = set_tensor_reductions(model, {"data": 1, "fsdp": 2, "tensor": 2})
+    marked = lp_jax.apply_recipe(model, "mxfp8", layout=LinearLayout({"data": 1, "fsdp": 2, "tensor": 2})).tensor_reduced
     assert {p.split("/", 2)[-1]: k for p, k in marked.items() if p.startswith("layers/1/")} == {
         "attn/q_proj": "column", "attn/k_proj": "column", "attn/v_proj": "column", "attn/o_proj": "row",
         "mlp/gate_proj": "column", "mlp/up_proj": "column", "mlp/down_proj": "row"}
     assert marked["lm_head"] == "column" and len(marked) == 15
     assert model.layers[0].attn.o_proj.dot_general.tensor_reduce == "row"
     for mesh_shape, dtype in (({"data": 1, "fsdp": 2, "tensor": 2}, "fp32"), ({"data": 4, "fsdp": 1, "tensor": 1}, "bf16")):
-        assert set_tensor_reductions(model, mesh_shape, dtype) == {}
+        assert lp_jax.apply_recipe(model, "mxfp8", layout=LinearLayout(mesh_shape, dtype)).tensor_reduced == {}
         assert model.layers[0].attn.o_proj.dot_general.tensor_reduce is None
     with pytest.raises(ValueError, match="^tp_reduce_dtype='f16' is invalid: choose one of bf16, fp32$"):
-        set_tensor_reductions(model, {"tensor": 2}, "f16")
+        LinearLayout({"tensor": 2}, "f16")
 
 
 EXACT = r'''
@@ -71,7 +70,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import lp_jax
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 
 DN = (((1,), (0,)), ((), ()))
 M, K, N = 32, 256, 128

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from lp_jax.training import cli
-from lp_jax.training.config import PrecisionConfig, TrainConfig
-from lp_jax.training.config_io import ConfigError, all_keys, dump_yaml, from_dict, load_config
+from lp_jax.config.schema import PrecisionConfig, TrainConfig
+from lp_jax.config.yaml_io import ConfigError, all_keys, dump_yaml, from_dict, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -127,7 +127,7 @@ def test_docs_list_every_config_key():
 
 
 def test_a_saved_config_without_a_newer_key_counts_it_at_its_default():
-    from lp_jax.training.config_io import to_dict, with_defaults
+    from lp_jax.config.yaml_io import to_dict, with_defaults
     current = to_dict(load_config("configs/tiny.yaml"))
     older = copy.deepcopy(current)
     del older["mesh"]["tensor"]  # written before the key existed

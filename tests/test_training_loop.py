@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lp_jax.training import api
-from lp_jax.training.checkpoint import Checkpointer
-from lp_jax.training.config_io import load_config
+from lp_jax.runs.checkpoint import Checkpointer
+from lp_jax.config.yaml_io import load_config
 from lp_jax.training.loop import NonFiniteLossError, run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.validate import resolve
@@ -122,7 +122,7 @@ def test_precision_schedule_switches_recipe_across_a_resume(tmp_path, token_cach
     ("precision_schedule=[{from_step: 99, recipe: bf16}]", "from_step=99 is invalid"),
 ])
 def test_config_errors_found_before_compiling(override, message, tmp_path, token_cache):
-    from lp_jax.training.config_io import ConfigError
+    from lp_jax.config.yaml_io import ConfigError
 
     with pytest.raises(ConfigError) as info:
         resolve(tiny(tmp_path, token_cache, override))
@@ -130,7 +130,7 @@ def test_config_errors_found_before_compiling(override, message, tmp_path, token
 
 
 def test_filj_must_fit_the_model(tmp_path, token_cache):
-    from lp_jax.training.config_io import ConfigError
+    from lp_jax.config.yaml_io import ConfigError
 
     resolve(tiny(tmp_path, token_cache, "precision=nvfp4"))  # F0L4 on 4 layers: legal (all BF16)
     with pytest.raises(ConfigError, match="layer policy F1L4 of recipe 'nvfp4' keeps 5 layers in "
@@ -164,7 +164,7 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
 
 
 def test_resume_warns_about_changed_config_keys():
-    from lp_jax.training.config_io import changed_keys as _changed_keys
+    from lp_jax.config.yaml_io import changed_keys as _changed_keys
 
     saved = {"steps": 20, "stop_at": 10, "run_dir": "a", "precision": {"recipe": "nvfp4"}}
     same = {"steps": 20, "stop_at": None, "run_dir": "b", "precision": {"recipe": "nvfp4"}}

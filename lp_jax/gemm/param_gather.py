@@ -13,7 +13,7 @@ quantizes its own shard and the all-gather moves the quantized bytes and scales:
   the forward and again in the backward; the tensor scale comes from a scalar all-reduce.
 
 The codes are exactly those of quantizing the gathered weight: blocks never straddle
-shards (the trainer's mesh checks, lp_jax/training/shard_checks.py) and the tensor amax is
+shards (the trainer's mesh checks, lp_jax/parallel/shard_checks.py) and the tensor amax is
 the max of the shards' amaxes. The backward keeps only the sharded quantized copy (no
 gathered weight is saved between forward and backward), as ZeRO-3 does.
 

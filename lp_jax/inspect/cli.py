@@ -67,7 +67,7 @@ def _model(run_dir: str, hf: str | None):
     description of its source). Without ``hf``, the newest checkpoint that restores."""
     import jax.numpy as jnp
 
-    from lp_jax.training.saved_run import RunFolderError, open_and_restore, open_run
+    from lp_jax.runs.run_folder import RunFolderError, open_and_restore, open_run
 
     try:
         if hf is None:
@@ -88,9 +88,9 @@ def _model(run_dir: str, hf: str | None):
 
 def _batches(saved, vocab_size: int, n: int, mesh) -> list:
     """N global batches of the run's data ([1, global, L]: one micro-batch each)."""
-    from lp_jax.training import data as data_lib
+    from lp_jax.data import pipeline as data_lib
     from lp_jax.training.state import place_batch
-    from lp_jax.training.tokenizers import get_tokenizer
+    from lp_jax.data.tokenizers import get_tokenizer
 
     d = saved.config.data
     tokenizer = None if d.source == "mock" else get_tokenizer(d.tokenizer)
@@ -106,7 +106,7 @@ def _statistics(model, recipe, mesh, batches, seed: int) -> list:
     import lp_jax
     from lp_jax.telemetry.probe import aggregate, as_numpy, instrument
     from lp_jax.telemetry.records import layer_rows
-    from lp_jax.telemetry.training import probe_step, scan_layers_for_probe
+    from lp_jax.training.quant_stats import probe_step, scan_layers_for_probe
     from lp_jax.training.state import split_model
 
     lp_jax.apply_recipe(model, recipe)
@@ -123,7 +123,7 @@ def _loss_of_mask(model, recipe, mesh, batches):
     import jax
     import jax.numpy as jnp
 
-    from lp_jax.telemetry.training import scan_layers_for_probe
+    from lp_jax.training.quant_stats import scan_layers_for_probe
     from lp_jax.training.state import split_model
     from lp_jax.training.step import forward_nll
 
@@ -153,7 +153,7 @@ def inspect_run(run_dir: str, recipe: str | None = None, batches: int = 4, budge
     import jax
 
     import lp_jax
-    from lp_jax.training.mesh import make_mesh
+    from lp_jax.parallel.mesh import make_mesh
 
     if batches < 1:
         raise InspectError(f"--batches {batches}: must be at least 1")
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hf", default=None, help="a Hugging Face Llama folder: its weights "
                         "instead of the run's latest checkpoint")
     args = parser.parse_args(argv)
-    from lp_jax.training.config_io import ConfigError
+    from lp_jax.config.yaml_io import ConfigError
 
     try:
         result = inspect_run(args.run_dir, args.recipe, args.batches, args.budget, args.hf)

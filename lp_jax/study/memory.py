@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lp_jax.training.config import TrainConfig
+from lp_jax.config.schema import TrainConfig
 
 
 def dtype_bits(dtype) -> int:
@@ -58,7 +58,7 @@ def _residuals(graphdef, params, rest, batch: int, seq_len: int) -> list[tuple]:
 
     # The trainer's own micro-batch forward (same model call, recipe and loss), on one
     # device: activations are counted per device and micro-batch.
-    from lp_jax.training.mesh import make_mesh
+    from lp_jax.parallel.mesh import make_mesh
     from lp_jax.training.step import forward_nll
 
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
@@ -99,7 +99,7 @@ def residual_breakdown(graphdef, params, rest, micro_batch: int, seq_len: int) -
 def xla_step_memory(plan, graphdef, state, mesh) -> dict:
     """memory_analysis() of the compiled train step, compiled exactly as the trainer does
     (its jit, in/out shardings and donation), from abstract inputs."""
-    from lp_jax.training.partitioning import batch_sharding
+    from lp_jax.parallel.partitioning import batch_sharding
     from lp_jax.training.step import StepSpec, jitted_train_step
 
     cfg = plan.config
@@ -128,7 +128,7 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
 
     import lp_jax
     from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-    from lp_jax.training.mesh import make_mesh
+    from lp_jax.parallel.mesh import make_mesh
     from lp_jax.training.state import abstract_state, split_model
     from lp_jax.training.validate import resolve
 

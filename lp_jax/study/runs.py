@@ -20,8 +20,8 @@ from typing import Callable
 
 import yaml
 
-from lp_jax.training.config import TrainConfig
-from lp_jax.training.config_io import (SESSION_KEYS, changed_keys, dump_yaml, to_dict,
+from lp_jax.config.schema import TrainConfig
+from lp_jax.config.yaml_io import (SESSION_KEYS, changed_keys, dump_yaml, to_dict,
                                        with_defaults)
 from lp_jax.training.metrics import read_metrics
 

@@ -21,7 +21,7 @@ from lp_jax.study.variants import (DEFAULT_PRECISIONS, Variant, ablation_variant
                                    nvfp4_reference, parse_precisions, twin_variant,
                                    variant_config)
 from lp_jax.training.api import load
-from lp_jax.training.config_io import ConfigError, apply_overrides
+from lp_jax.config.yaml_io import ConfigError, apply_overrides
 from lp_jax.training.metrics import read_metrics
 
 

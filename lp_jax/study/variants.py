@@ -13,8 +13,8 @@ import dataclasses
 import re
 from typing import Any
 
-from lp_jax.training.config import PrecisionConfig, TrainConfig
-from lp_jax.training.config_io import ConfigError, apply_overrides
+from lp_jax.config.schema import PrecisionConfig, TrainConfig
+from lp_jax.config.yaml_io import ConfigError, apply_overrides
 
 RECIPES = ("bf16", "fp8_cs", "mxfp8", "nvfp4")
 DEFAULT_PRECISIONS = ",".join(RECIPES)

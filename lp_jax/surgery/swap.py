@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Protocol
 
 from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
@@ -72,6 +73,10 @@ class SwapReport:
     # (docs/backends.md): recipe class name -> backend; ``platform`` is cpu, cuda, ...
     platform: str = ""
     backends: dict[str, str] = dataclasses.field(default_factory=dict)
+    # From the layout: Linears that all-gather quantized weight bytes over fsdp, and those
+    # that reduce their tensor-parallel partial sums in BF16 (path -> "row" | "column").
+    gathered: list[str] = dataclasses.field(default_factory=list)
+    tensor_reduced: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         gemms = ", ".join(f"{name} via {backend}" for name, backend in self.backends.items())
@@ -139,6 +144,20 @@ def _linears(model):
             yield "/".join(map(str, path)), node
 
 
+def _placed(dg: LowPrecisionDotGeneral, path: str, linear: nnx.Linear, layout: Layout | None,
+            report: SwapReport) -> LowPrecisionDotGeneral:
+    """``dg`` with the layout's weight gather and tensor reduction for this Linear."""
+    if layout is None:
+        return dg
+    shape = linear.kernel.shape
+    gather, reduce = layout.gather(path, shape, dg.recipe), layout.tensor_reduce(path, shape)
+    if gather is not None:
+        report.gathered.append(path)
+    if reduce is not None:
+        report.tensor_reduced[path] = reduce
+    return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce)
+
+
 def _reset(linear: nnx.Linear):
     """Undoes an earlier apply_recipe on this Linear (a user's own dot_general is kept)."""
     if isinstance(linear.dot_general, (LowPrecisionDotGeneral, LayerPolicyDotGeneral)):
@@ -146,11 +165,24 @@ def _reset(linear: nnx.Linear):
         linear.promote_dtype = nnx_dtypes.promote_dtype
 
 
+class Layout(Protocol):
+    """How a Linear's GEMM meets the mesh (``lp_jax.parallel.linear_layout.LinearLayout``)."""
+
+    def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None: ...
+
+    def tensor_reduce(self, path: str, kernel_shape) -> str | None: ...
+
+
 def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
-                 num_layers: int | None = None, fp32_weight_gradients: bool = True) -> SwapReport:
+                 num_layers: int | None = None, fp32_weight_gradients: bool = True,
+                 layout: Layout | None = None) -> SwapReport:
     """Swaps in ``recipe`` (a Recipe or a name) on the selected Linears of ``model``; the
     unselected ones get lp_jax's BF16 GEMM (FP32 weight gradients) unless
-    ``fp32_weight_gradients=False``, which leaves them on ``lax.dot_general``."""
+    ``fp32_weight_gradients=False``, which leaves them on ``lax.dot_general``.
+
+    ``layout`` (the trainer's mesh) decides, in the same pass, which of those GEMMs gather
+    quantized weight bytes under FSDP and which reduce tensor-parallel sums in BF16; without
+    one, none does."""
     if isinstance(recipe, str):
         recipe = get_recipe(recipe)
     includes, excludes = _patterns(include), _patterns(exclude)
@@ -177,7 +209,7 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
             _reset(linear)
             report.not_selected.append(path)
             if fp32_weight_gradients and linear.dot_general is lax.dot_general:
-                linear.dot_general = LowPrecisionDotGeneral(bf16)
+                linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
                 linear.promote_dtype = KeepKernelDtype()
                 report.fp32_weight_gradients.append(path)
             continue
@@ -187,10 +219,10 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
             linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers)
             report.per_slice[path] = recipe.policy
         elif m is not None and recipe.layer_is_bf16(int(m.group(1)), num_layers):
-            linear.dot_general = LowPrecisionDotGeneral(bf16)
+            linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
             report.bf16_by_policy.append(path)
         else:
-            linear.dot_general = LowPrecisionDotGeneral(recipe)
+            linear.dot_general = _placed(LowPrecisionDotGeneral(recipe), path, linear, layout, report)
             report.quantized[path] = type(recipe).__name__
     report.unmatched_rules = [p for p, hit in used.items() if not hit]
     report.platform = backends.current_platform()

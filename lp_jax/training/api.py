@@ -25,8 +25,8 @@ import os
 from typing import Any, Sequence
 
 from lp_jax.recipes import BRIDGE_NAMES
-from lp_jax.training.config import TrainConfig
-from lp_jax.training.config_io import ConfigError, apply_overrides, load_config, set_dotted
+from lp_jax.config.schema import TrainConfig
+from lp_jax.config.yaml_io import ConfigError, apply_overrides, load_config, set_dotted
 
 BRIDGE_RECIPES = BRIDGE_NAMES  # Megatron Bridge's mixed-precision recipe names -> ours
 
@@ -105,7 +105,7 @@ def load(path: str, *items: str) -> TrainConfig:
 def pretrain(config: TrainConfig):
     """Validates and runs ``config`` (resuming from its run folder's latest checkpoint, if
     any) and returns the RunResult. Config problems raise ConfigError before compiling."""
-    from lp_jax.training.distributed import maybe_initialize
+    from lp_jax.parallel.distributed import maybe_initialize
     from lp_jax.training.loop import run
     from lp_jax.training.validate import resolve
 

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Sequence
 
-from lp_jax.training.config_io import ConfigError, dump_yaml, load_config
+from lp_jax.config.yaml_io import ConfigError, dump_yaml, load_config
 
 EXIT_CONFIG_ERROR = 2  # bad input: the config, or the files and folders it names
 EXIT_STOPPED = 1  # the run stopped before its end: non-finite steps, a checkpoint not written
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(_find_config(args.config), args.overrides)
-        from lp_jax.training.distributed import maybe_initialize
+        from lp_jax.parallel.distributed import maybe_initialize
         from lp_jax.training.validate import resolve
 
         maybe_initialize(config.distributed)  # before JAX counts the devices
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"fsdp={plan.fsdp} tensor={plan.tensor}, recipes "
               f"{', '.join(f'{p.name} {p.recipe.policy} from step {p.from_step}' for p in plan.phases)}")
         return 0
-    from lp_jax.training.checkpoint import CheckpointWriteError
+    from lp_jax.runs.checkpoint import CheckpointWriteError
     from lp_jax.training.loop import NonFiniteLossError, run
 
     try:

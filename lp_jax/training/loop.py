@@ -20,16 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from lp_jax.telemetry.training import QuantStatsProbe
-from lp_jax.training import data as data_lib
-from lp_jax.training import init_weights
+from lp_jax.training.quant_stats import QuantStatsProbe
+from lp_jax.data import pipeline as data_lib
+from lp_jax.runs import init_weights
 from lp_jax.training import metrics as metrics_lib
-from lp_jax.training.checkpoint import (DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError,
+from lp_jax.runs.checkpoint import (DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError,
                                        abstract_like)
-from lp_jax.training.config_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
-from lp_jax.training.distributed import is_primary
+from lp_jax.config.yaml_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
+from lp_jax.parallel.distributed import is_primary
 from lp_jax.training.optimizer import make_optimizer
-from lp_jax.training.mesh import make_mesh
+from lp_jax.parallel.mesh import make_mesh
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
@@ -247,17 +247,15 @@ def _with_recipe(model, phase: Phase, say, mesh, tp_reduce_dtype: str) -> Any:
     bytes where precision.param_gather says so, tensor-parallel reductions in
     mesh.tp_reduce_dtype) and returns its graphdef."""
     import lp_jax
-    from lp_jax.training.tensor_parallel import set_tensor_reductions
-    from lp_jax.training.weight_gather import set_weight_gathers
+    from lp_jax.parallel.linear_layout import LinearLayout
 
-    report = lp_jax.apply_recipe(model, phase.recipe)
-    gathered = set_weight_gathers(model, dict(mesh.shape))
-    reduced = set_tensor_reductions(model, dict(mesh.shape), tp_reduce_dtype)
+    report = lp_jax.apply_recipe(model, phase.recipe, layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     say(str(report).splitlines()[0])
-    if gathered:
-        say(f"precision.param_gather: {len(gathered)} Linears all-gather their quantized weight bytes over fsdp")
-    if reduced:
-        say(f"mesh.tp_reduce_dtype=bf16: {len(reduced)} Linears reduce their tensor-parallel partial sums in BF16")
+    if report.gathered:
+        say(f"precision.param_gather: {len(report.gathered)} Linears all-gather their quantized weight bytes over fsdp")
+    if report.tensor_reduced:
+        say(f"mesh.tp_reduce_dtype=bf16: {len(report.tensor_reduced)} Linears reduce their tensor-parallel "
+            "partial sums in BF16")
     if phase.recipe.quantized and not report.quantized:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]

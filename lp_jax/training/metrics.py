@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from lp_jax.recipes import RECIPES
+from lp_jax.runs.jsonl import read_jsonl
 from models.config import flops_per_token, matmul_params  # noqa: F401  (re-exported)
 
 # Dense (no sparsity) peak tensor-core TFLOP/s per GPU. Sources: NVIDIA H100 Tensor Core GPU
@@ -123,22 +124,6 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """The rows of RUN_DIR/metrics.jsonl ([] if there is none), up to a line cut short by
     a killed process (what precedes it is good)."""
     return read_jsonl(pathlib.Path(run_dir) / "metrics.jsonl")
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """The objects of a JSON-lines file ([] if there is none), up to a line cut short."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
 
 
 class Progress:

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from lp_jax.training.partitioning import batch_sharding
+from lp_jax.parallel.partitioning import batch_sharding
 
 
 def split_model(model: nnx.Module):

@@ -10,15 +10,15 @@ import dataclasses
 import os
 from typing import Any
 
-from lp_jax.training.config import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
-from lp_jax.training.config_io import ConfigError, from_dict
+from lp_jax.config.schema import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
+from lp_jax.config.yaml_io import ConfigError, from_dict
+from lp_jax.runs.architecture import preset_model_config, run_tokenizer
 from models.config import SHAPE_FIELDS
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
 ON_NONFINITE = ("skip", "stop")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-VOCAB_MULTIPLE = 128  # embedding rows rounded up for tensor-core friendly shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Plan:
 
 def resolve(config: TrainConfig) -> Plan:
     _check_scalars(config)
-    tokenizer = _tokenizer(config)
+    tokenizer = run_tokenizer(config)
     model_config = _model_config(config, tokenizer)
     phases = _phases(config, model_config.num_layers)
     data_parallel, fsdp, tensor = _mesh(config)
@@ -64,7 +64,7 @@ def resolve(config: TrainConfig) -> Plan:
             f"data.global_batch_size={config.data.global_batch_size} is not divisible by "
             f"data.micro_batch_size x data-parallel ranks (mesh.data x mesh.fsdp) = "
             f"{config.data.micro_batch_size} x {data_parallel * fsdp} = {per_pass}")
-    from lp_jax.training import mesh_checks
+    from lp_jax.parallel import mesh_checks
 
     mesh_checks.check_heads(model_config, tensor)
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
@@ -88,7 +88,7 @@ def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
         config = from_dict(TrainConfig, saved)
         same_tokens = (config.data.source, config.data.tokenizer) == (
             plan.config.data.source, plan.config.data.tokenizer)
-        saved_model = _model_config(config, plan.tokenizer if same_tokens else _tokenizer(config))
+        saved_model = _model_config(config, plan.tokenizer if same_tokens else run_tokenizer(config))
     except (ConfigError, TypeError, ValueError):
         return []
     return [f"model.{f} (checkpoint {getattr(saved_model, f)}, now {getattr(plan.model_config, f)})"
@@ -151,54 +151,22 @@ def _check_scalars(c: TrainConfig) -> None:
         _fail_unless(value in FLOAT_DTYPES, f"model.{key}", value, f"choose one of {', '.join(FLOAT_DTYPES)}")
 
 
-def _tokenizer(c: TrainConfig):
-    if c.data.source == "mock":
-        return None
-    from lp_jax.training.tokenizers import get_tokenizer
-
-    try:
-        return get_tokenizer(c.data.tokenizer)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"data.tokenizer: {e}") from None
-
-
 def model_config(c: TrainConfig):
     """The LlamaConfig a run of ``c`` builds, checked as ``resolve`` checks it (without the
     devices or the data): for reading a saved run's model back."""
-    return _model_config(c, _tokenizer(c))
+    return _model_config(c, run_tokenizer(c))
 
 
 def _model_config(c: TrainConfig, tokenizer):
     if c.init.hf or c.init.checkpoint:
-        from lp_jax.training import init_weights
+        from lp_jax.runs import init_weights
 
         cfg = init_weights.model_config(c, tokenizer)  # the architecture of those weights
     else:
-        cfg = _preset_model_config(c, tokenizer)
+        cfg = preset_model_config(c, tokenizer)
     _fail_unless(cfg.max_seq_len >= c.data.seq_len, "data.seq_len", c.data.seq_len,
                  f"must be <= model.max_seq_len={cfg.max_seq_len}")
     return cfg
-
-
-def _preset_model_config(c: TrainConfig, tokenizer):
-    import jax.numpy as jnp
-
-    from models import llama
-
-    overrides = c.model.overrides()
-    if tokenizer is not None:
-        if c.model.vocab_size is None:
-            overrides["vocab_size"] = -(-tokenizer.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-        elif c.model.vocab_size < tokenizer.vocab_size:
-            raise ConfigError(f"model.vocab_size={c.model.vocab_size} is smaller than tokenizer "
-                              f"{tokenizer.name!r}'s {tokenizer.vocab_size} ids")
-    overrides["dtype"] = jnp.dtype(c.model.dtype)
-    overrides["param_dtype"] = jnp.dtype(c.model.param_dtype)
-    try:
-        model_config = llama.preset(c.model.preset, **overrides)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"model: {_one_line(e)}") from None
-    return model_config
 
 
 def _phases(c: TrainConfig, num_layers: int) -> list[Phase]:
@@ -249,14 +217,14 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
 def _mesh(c: TrainConfig) -> tuple[int, int, int]:
     import jax
 
-    from lp_jax.training.mesh import mesh_shape
+    from lp_jax.parallel.mesh import mesh_shape
 
     return mesh_shape(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jax.device_count())
 
 
 def _check_data(c: TrainConfig) -> None:
-    from lp_jax.training import shards
-    from lp_jax.training.prepare_data import split_by_file, text_files
+    from lp_jax.data import shards
+    from lp_jax.data.prepare_data import split_by_file, text_files
 
     d = c.data
     if d.source == "text":
@@ -271,7 +239,7 @@ def _check_data(c: TrainConfig) -> None:
     elif d.source == "tokens":
         if not d.paths:
             raise ConfigError("data.paths is empty: data.source=tokens needs token shard globs "
-                              "(python -m lp_jax.training.prepare_data writes them)")
+                              "(python -m lp_jax.data.prepare_data writes them)")
         for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
             found = shards.expand_globs(globs)
             if globs and not found:
@@ -290,7 +258,7 @@ def _check_data(c: TrainConfig) -> None:
 def _check_run_folders(c: TrainConfig) -> None:
     """The run folder and the checkpoint folder take files (a probe write, before hours of
     training end in a save that cannot happen), and a fresh run finds no checkpoints."""
-    from lp_jax.training.folders import write_problem
+    from lp_jax.runs.writable import write_problem
 
     directory = checkpoint_dir(c)
     for key, folder in (("run_dir", c.run_dir), ("checkpoint.dir", directory)):

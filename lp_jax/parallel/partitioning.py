@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from lp_jax.training.mesh import BATCH_AXES
+from lp_jax.parallel.mesh import BATCH_AXES
 
 # Parameter path (searched in the '/'-joined path; a trailing '/value' is nnx.Variable's)
 # -> logical names of its dimensions. Kernels are [in, out], as nnx.Linear stores them.

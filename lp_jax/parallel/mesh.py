@@ -26,7 +26,7 @@ BATCH_AXES = ("data", "fsdp")  # both split the batch; fsdp also shards the stat
 def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) sizes for ``device_count`` devices; one of them may be -1 (the
     rest). Raises ConfigError with one line when the sizes cannot tile the devices."""
-    from lp_jax.training.config_io import ConfigError
+    from lp_jax.config.yaml_io import ConfigError
 
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
     for name, size in sizes.items():

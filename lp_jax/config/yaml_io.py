@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from lp_jax.training.config import PrecisionConfig, TrainConfig
+from lp_jax.config.schema import PrecisionConfig, TrainConfig
 
 
 class ConfigError(ValueError):

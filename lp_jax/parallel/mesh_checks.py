@@ -1,16 +1,16 @@
 """Mesh checks that need the model and the recipes, run by validate.resolve before compiling:
 whole attention heads per tensor rank, and no quantization block split across devices
-(lp_jax.training.shard_checks, with the splits that partitioning's rules give each Linear)."""
+(lp_jax.parallel.shard_checks, with the splits that partitioning's rules give each Linear)."""
 from __future__ import annotations
 
 import math
 
-from lp_jax.training.config_io import ConfigError
-from lp_jax.training.partitioning import ACTIVATION_RULES, logical_axes, param_spec
+from lp_jax.config.yaml_io import ConfigError
+from lp_jax.parallel.partitioning import ACTIVATION_RULES, logical_axes, param_spec
 
 
 def _split(size: int, entry, mesh_shape: dict[str, int]):
-    from lp_jax.training.shard_checks import Split
+    from lp_jax.parallel.shard_checks import Split
 
     names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
     shards = math.prod(mesh_shape[n] for n in names)
@@ -31,7 +31,7 @@ def linear_splits(path: str, kernel_shape: tuple[int, int], mesh_shape: dict[str
                   tokens_per_pass: int):
     """LinearSplits of the Linear at ``path`` under the partitioning rules. tokens_per_pass:
     M of one forward pass over the whole mesh (micro-batch x data x fsdp x seq_len)."""
-    from lp_jax.training.shard_checks import LinearSplits
+    from lp_jax.parallel.shard_checks import LinearSplits
 
     k, n = kernel_shape
     kernel = f"{path}/kernel"
@@ -61,7 +61,7 @@ def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_
 
     import lp_jax
     from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
-    from lp_jax.training.shard_checks import BlockStraddleError, check_linear
+    from lp_jax.parallel.shard_checks import BlockStraddleError, check_linear
     from models import llama
 
     model = nnx.eval_shape(lambda: llama.Llama(model_config, rngs=nnx.Rngs(0)))

@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 
-from lp_jax.training.tokenizers import ByteTokenizer, HFTokenizer, get_tokenizer
+from lp_jax.data.tokenizers import ByteTokenizer, HFTokenizer, get_tokenizer
 
 TOKENIZER_FILE, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
 # The byte tokenizer's specials by name; HFTokenizer finds BOS/EOS under these names too.

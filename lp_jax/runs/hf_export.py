@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from lp_jax.training.saved_run import RunFolderError, SavedRun, open_and_restore
+from lp_jax.runs.run_folder import RunFolderError, SavedRun, open_and_restore
 
 
 def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
                max_shard_size="5GB", say: Callable[[str], Any] = print) -> SavedRun:
     """Writes the run's checkpoint at `step` (default: the newest that restores) to `hf_dir`."""
-    from lp_jax.training.hf_tokenizer_files import write_tokenizer_files
+    from lp_jax.data.tokenizer_files import write_tokenizer_files
     from models.hf import save_hf
 
     saved, model = open_and_restore(source, step)

@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lp_jax.training.folders import write_problem
-from lp_jax.training.quiet_reads import abandoned_reads_hushed, orbax_logs
+from lp_jax.runs.writable import write_problem
+from lp_jax.runs.orbax_quiet import abandoned_reads_hushed, orbax_logs
 
 
 class PoisonedStateError(RuntimeError):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 
-from lp_jax.training.config import DistributedConfig
-from lp_jax.training.config_io import ConfigError
+from lp_jax.config.schema import DistributedConfig
+from lp_jax.config.yaml_io import ConfigError
 
 _LAUNCHER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
 

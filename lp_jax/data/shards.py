@@ -116,7 +116,7 @@ def _open_shard(path: str, bin_dtype: str) -> np.ndarray:
                          f"damaged?): {' '.join(str(e).split()) or type(e).__name__}") from None
     if not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"token shard {path!r} holds {array.dtype} values, not integer token "
-                         "ids (python -m lp_jax.training.prepare_data writes token shards)")
+                         "ids (python -m lp_jax.data.prepare_data writes token shards)")
     if array.ndim != 1:
         raise ValueError(f"token shard {path!r} has shape {array.shape}; a shard is one flat "
                          "array of token ids")

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lp_jax.training import shards
-from lp_jax.training.config_io import ConfigError
+from lp_jax.data import shards
+from lp_jax.config.yaml_io import ConfigError
 
 EXAMPLE_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
@@ -135,7 +135,7 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
                       f"mock tokens (vocab {vocab_size})")
     binary: list[str] = []
     if data_cfg.source == "text":
-        from lp_jax.training.prepare_data import cached_text_shards
+        from lp_jax.data.prepare_data import cached_text_shards
 
         try:
             train_paths, val_paths, binary = cached_text_shards(
@@ -181,7 +181,7 @@ def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | No
     """
     import jax
 
-    from lp_jax.training.partitioning import batch_sharding
+    from lp_jax.parallel.partitioning import batch_sharding
 
     per_micro = global_batch_size // accum_steps
     shape = (accum_steps, per_micro)

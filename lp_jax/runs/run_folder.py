@@ -121,8 +121,8 @@ def recorded_model_config(checkpoint_dir: str, step: int | None = None):
 
 
 def _config(meta: dict, path: str):
-    from lp_jax.training.config import TrainConfig
-    from lp_jax.training.config_io import ConfigError, from_dict
+    from lp_jax.config.schema import TrainConfig
+    from lp_jax.config.yaml_io import ConfigError, from_dict
 
     if not isinstance(meta.get("config"), dict):
         raise RunFolderError(f"{path}: the checkpoint's meta item holds no run config")
@@ -133,14 +133,19 @@ def _config(meta: dict, path: str):
 
 
 def _model_config(meta: dict, config, path: str):
-    from lp_jax.training.config_io import ConfigError
-    from lp_jax.training.validate import model_config
+    """The model the checkpoint records; for a checkpoint that records none (written before
+    the loop recorded it), the one its saved config builds from the preset."""
+    from lp_jax.config.yaml_io import ConfigError
+    from lp_jax.runs.architecture import preset_model_config, run_tokenizer
     from models.config import config_from_dict
 
     try:
         if isinstance(meta.get("model"), dict):
             return config_from_dict(meta["model"])
-        return model_config(config)
+        if config.init.hf or config.init.checkpoint:
+            raise ValueError("the checkpoint records no model, and the run started from other "
+                             "weights, whose architecture its config does not hold")
+        return preset_model_config(config, run_tokenizer(config))
     except (ConfigError, TypeError, ValueError) as e:
         raise RunFolderError(f"{path}: cannot rebuild the run's model: {_one_line(e)}") from None
 
@@ -151,7 +156,7 @@ def restore_model(saved: SavedRun, compute_dtype=None):
     import jax.numpy as jnp
     from flax import nnx
 
-    from lp_jax.evaluation.loading import LoadError, restore_model_state
+    from lp_jax.runs.model_state import LoadError, restore_model_state
     from models.llama import Llama
 
     cfg = saved.model_config.replace(dtype=jnp.dtype(compute_dtype or jnp.float32))
@@ -190,7 +195,7 @@ def newest_restorable(checkpoint_dir: str, attempt: Callable[[int], Any],
     damaged checkpoints (the trainer's own, which also sets them aside, is
     the run checkpointer's restore_newest). Each one skipped is a warning (stderr by
     default); with none left, RunFolderError names every step and why."""
-    from lp_jax.evaluation.loading import LoadError
+    from lp_jax.runs.model_state import LoadError
 
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
     skipped = []

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from lp_jax.training.config import TrainConfig
-from lp_jax.training.config_io import ConfigError
+from lp_jax.config.schema import TrainConfig
+from lp_jax.config.yaml_io import ConfigError
 from models.config import SHAPE_FIELDS
 
 # Encoded by both tokenizers to tell whether they are the same vocabulary: ASCII code,
@@ -60,7 +60,7 @@ def model_config(c: TrainConfig, tokenizer):
 
 def _own_checkpoint(c: TrainConfig):
     """The run's latest checkpoint when the loop will resume from it, else None."""
-    from lp_jax.training.saved_run import RunFolderError, open_run
+    from lp_jax.runs.run_folder import RunFolderError, open_run
 
     directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
     if not c.checkpoint.resume or not os.path.isdir(directory) or not any(
@@ -89,7 +89,7 @@ def _hf_source(path: str, key: str):
 
 
 def _run_source(spec: str, key: str):
-    from lp_jax.training.saved_run import RunFolderError, open_run, split_step
+    from lp_jax.runs.run_folder import RunFolderError, open_run, split_step
 
     try:
         saved = open_run(*split_step(spec))
@@ -135,7 +135,7 @@ def _check_vocabulary(cfg, tokenizer, source_tokenizer: str | None, key: str) ->
 
 def _encode_probe(name: str) -> tuple[int, list[int]]:
     """(vocabulary size, ids of PROBE) of a data.tokenizer value."""
-    from lp_jax.training.tokenizers import get_tokenizer
+    from lp_jax.data.tokenizers import get_tokenizer
 
     if name.startswith("hf:"):  # read directly: a folder's tokenizer may lack a BOS name
         from tokenizers import Tokenizer
@@ -169,7 +169,7 @@ def _run_params(spec: str):
     import numpy as np
     from flax import nnx
 
-    from lp_jax.training.saved_run import open_and_restore, split_step
+    from lp_jax.runs.run_folder import open_and_restore, split_step
 
     saved, model = open_and_restore(*split_step(spec))
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))

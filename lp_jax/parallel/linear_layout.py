@@ -1,0 +1,67 @@
+"""Where a Linear's weight lives on the mesh, and what its GEMM does about it: the layout
+``apply_recipe(model, recipe, layout=LinearLayout(mesh_shape, tp_reduce_dtype))`` gives each
+Linear in the same pass that picks its recipe.
+
+- **FSDP gathers of quantized bytes** (``precision.param_gather``): a quantized Linear whose
+  kernel the partitioning rules split over ``fsdp`` gets the kernel's mesh layout
+  (``("fsdp", "tensor")`` for q/k/v/gate/up, ``("tensor", "fsdp")`` for o/down), so its GEMM
+  quantizes each device's FP32 master shard and all-gathers the FP8/FP4 bytes and scales
+  (lp_jax/gemm/param_gather.py). BF16 Linears (layer policy, LM head) keep the partitioner's
+  gather of the BF16 cast.
+- **BF16 tensor-parallel reductions** (``mesh.tp_reduce_dtype``): every Linear on lp_jax's
+  GEMM whose kernel is split over ``tensor`` is "row" (input features on ``tensor``: o_proj,
+  down_proj, the forward's partial sums) or "column" (output features: q/k/v/gate/up and the
+  LM head, the backward's input-gradient partial sums); those reduce with BF16 on the wire
+  and an FP32 sum (lp_jax/gemm/tensor_reduce.py). With ``fp32`` the partitioner all-reduces
+  the FP32 partial sums.
+
+Only static attributes of the dot_general change (part of the graphdef): the state tree and
+the checkpoints are the same whatever the layout.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from lp_jax.config.schema import TP_REDUCE_DTYPES
+from lp_jax.parallel.partitioning import param_spec
+from lp_jax.recipes import Recipe
+
+Reduction = Literal["row", "column"]
+
+
+def kernel_spec(path: str, kernel_shape, mesh_shape: dict[str, int]) -> tuple:
+    """The mesh axes of a Linear's 2-D kernel [in, out] (one entry per dimension) by the rules."""
+    return (tuple(param_spec(f"{path}/kernel", tuple(kernel_shape), mesh_shape)) + (None, None))[:2]
+
+
+def _on(axis: str, entry) -> bool:
+    return entry == axis or (isinstance(entry, tuple) and axis in entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearLayout:
+    """The mesh's sizes by axis name and ``mesh.tp_reduce_dtype``."""
+
+    mesh_shape: dict[str, int]
+    tp_reduce_dtype: str = "bf16"
+
+    def __post_init__(self):
+        if self.tp_reduce_dtype not in TP_REDUCE_DTYPES:
+            raise ValueError(f"tp_reduce_dtype={self.tp_reduce_dtype!r} is invalid: choose one of "
+                             f"{', '.join(TP_REDUCE_DTYPES)}")
+
+    def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None:
+        """The kernel's mesh layout when the GEMM all-gathers its quantized bytes, else None."""
+        if not (recipe.quantized and recipe.param_gather) or self.mesh_shape.get("fsdp", 1) <= 1 \
+                or len(kernel_shape) != 2:
+            return None
+        layout = kernel_spec(path, kernel_shape, self.mesh_shape)
+        return layout if "fsdp" in layout else None
+
+    def tensor_reduce(self, path: str, kernel_shape) -> Reduction | None:
+        """"row" / "column" when the GEMM reduces its tensor-parallel partial sums in BF16."""
+        if self.tp_reduce_dtype != "bf16" or self.mesh_shape.get("tensor", 1) <= 1 or len(kernel_shape) != 2:
+            return None
+        on_tensor = [_on("tensor", entry) for entry in kernel_spec(path, kernel_shape, self.mesh_shape)]
+        return "row" if on_tensor[0] else "column" if on_tensor[1] else None
