@@ -29,7 +29,8 @@ import jax  # noqa: E402
 
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
-from lp_jax.evaluation.loading import LoadError, load_from_run_dir  # noqa: E402
+from lp_jax.errors import UserError
+from lp_jax.evaluation.loading import load_from_run_dir  # noqa: E402
 from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training.state import split_model  # noqa: E402
 from lp_jax.training.step import forward_nll  # noqa: E402
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         loaded = load_from_run_dir(args.run_dir)
-    except LoadError as e:
+    except UserError as e:
         raise SystemExit(f"grad_fidelity: {e}") from None
     if args.text:
         text = open(args.text, encoding="utf-8", errors="replace").read()

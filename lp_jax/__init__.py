@@ -2,17 +2,31 @@
 
 Quantizers: quantize, dequantize, hadamard, QuantizedTensor.
 Training GEMMs: get_recipe (and the recipe classes), dot_general, apply_recipe.
-"""
-from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral, dot_general
-from lp_jax.numerics.hadamard import hadamard
-from lp_jax.numerics.quantize import FORMATS, QuantizedTensor, dequantize
-from lp_jax.quantizer import quantize
-from lp_jax.recipes import (BF16, RECIPES, Float8CurrentScaling, MXFP8BlockScaling,
-                            NVFP4BlockScaling, OperandSpec, Recipe, get_recipe)
-from lp_jax.surgery.swap import SwapReport, apply_recipe
 
-__all__ = [
-    "BF16", "FORMATS", "RECIPES", "Float8CurrentScaling", "KeepKernelDtype", "LowPrecisionDotGeneral",
-    "MXFP8BlockScaling", "NVFP4BlockScaling", "OperandSpec", "QuantizedTensor", "Recipe",
-    "SwapReport", "apply_recipe", "dequantize", "dot_general", "get_recipe", "hadamard", "quantize",
-]
+The names load on first use (``lp_jax.exports``), so importing a submodule does not start
+JAX; docs/architecture.md draws the stack below them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lp_jax.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "lp_jax.gemm.dot_general": ("KeepKernelDtype", "LowPrecisionDotGeneral", "dot_general"),
+    "lp_jax.numerics.hadamard": ("hadamard",),
+    "lp_jax.numerics.quantize": ("FORMATS", "QuantizedTensor", "dequantize"),
+    "lp_jax.quantizer": ("quantize",),
+    "lp_jax.recipes": ("BF16", "RECIPES", "Float8CurrentScaling", "MXFP8BlockScaling",
+                       "NVFP4BlockScaling", "OperandSpec", "Recipe", "get_recipe"),
+    "lp_jax.surgery.swap": ("SwapReport", "apply_recipe"),
+}, globals())
+
+if TYPE_CHECKING:
+    from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral, dot_general
+    from lp_jax.numerics.hadamard import hadamard
+    from lp_jax.numerics.quantize import FORMATS, QuantizedTensor, dequantize
+    from lp_jax.quantizer import quantize
+    from lp_jax.recipes import (BF16, RECIPES, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
+                                OperandSpec, Recipe, get_recipe)
+    from lp_jax.surgery.swap import SwapReport, apply_recipe

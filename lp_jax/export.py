@@ -28,20 +28,21 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     # After argparse, so that --help and argument errors answer without importing JAX.
+    from lp_jax.errors import UserError
     from lp_jax.runs.hf_export import export_run
-    from lp_jax.runs.run_folder import RunFolderError, is_run_source
+    from lp_jax.runs.run_folder import is_run_source
     from models.hf_config import HFError
 
     try:
         if not os.path.isdir(args.source):
-            raise RunFolderError(f"{args.source}: no such folder")
+            raise UserError(f"{args.source}: no such folder")
         if not is_run_source(args.source):
-            raise RunFolderError(f"{args.source}: not a training run folder (no config.yaml) nor a "
-                                 "checkpoint folder of one; a state checkpoint exports with "
-                                 "python -m models.hf export")
+            raise UserError(f"{args.source}: not a training run folder (no config.yaml) nor a "
+                            "checkpoint folder of one; a state checkpoint exports with "
+                            "python -m models.hf export")
         export_run(args.source, args.hf_dir, step=args.step, dtype=args.dtype,
                    max_shard_size=args.max_shard_size)
-    except (HFError, RunFolderError) as e:
+    except (HFError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -182,6 +182,17 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
 # may differ between runs that share weights.
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "tie_embeddings")
+# The fields that make a model compute what it computes (its shapes, RoPE, norm, context
+# length and layer layout): what a reader of saved weights rebuilds. Remat, the attention
+# kernel and the dtypes are choices of the program that runs it.
+ARCHITECTURE_FIELDS = SHAPE_FIELDS + ("rope_theta", "rope_scaling", "rms_norm_eps", "max_seq_len",
+                                      "scan_layers")
+
+
+def architecture(cfg: LlamaConfig, **choices) -> LlamaConfig:
+    """A LlamaConfig with ``cfg``'s ARCHITECTURE_FIELDS and the defaults (or ``choices``)
+    for the rest."""
+    return LlamaConfig(**{k: getattr(cfg, k) for k in ARCHITECTURE_FIELDS}, **choices)
 
 
 def matmul_params(cfg: LlamaConfig) -> int:

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.hf import HFError, load_hf
+
 
 def sample_token(logits_BxV, key, temperature: float, top_k: int | None):
     """argmax when temperature == 0, else a draw from softmax(logits / temperature), optionally
@@ -94,7 +96,6 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16 | float32")
     args = ap.parse_args(argv)
-    from models.hf import HFError, load_hf  # deferred: generate() itself needs no HF code
     tokenizer = None
     try:
         if args.prompt is not None:

@@ -23,14 +23,14 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 from flax.nnx import traversals
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
-from models.hf_config import (IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf,
-                              tensor_map)
+from models.hf_config import IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf, tensor_map
 from models.llama import Llama
 
 __all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "check_tensors", "read_params",
@@ -245,7 +245,6 @@ def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
 # ---- plain Orbax checkpoints of the model state (the CLI's other side) ----
 
 def save_state_checkpoint(model: Llama, ckpt_dir: str, *, hf_config: dict | None = None) -> None:
-    import orbax.checkpoint as ocp  # deferred: load_hf/save_hf need no Orbax
     ckpt_dir = os.path.abspath(ckpt_dir)
     os.makedirs(ckpt_dir, exist_ok=True)
     with ocp.StandardCheckpointer() as ckptr:
@@ -260,7 +259,6 @@ def save_state_checkpoint(model: Llama, ckpt_dir: str, *, hf_config: dict | None
 def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llama:
     """Restores a model from save_state_checkpoint's folder (or a bare StandardCheckpointer
     folder of nnx.state(model) when `cfg` is given)."""
-    import orbax.checkpoint as ocp
     ckpt_dir = os.path.abspath(ckpt_dir)
     state_dir = os.path.join(ckpt_dir, "state")
     if cfg is None:

@@ -3,9 +3,10 @@ exit 2, before the run folder is written; binary text files are skipped and coun
 import numpy as np
 import pytest
 
+from lp_jax.config.yaml_io import load_config
 from lp_jax.data import pipeline as data
-from lp_jax.config.yaml_io import ConfigError, load_config
 from lp_jax.data.tokenizers import ByteTokenizer
+from lp_jax.errors import UserError
 from tests.bad_input import ROOT, only_line, tiny, train
 
 TOKENS = ["data.source=tokens", "data.val_paths=[]"]
@@ -27,7 +28,7 @@ def test_an_id_deep_in_a_shard_is_caught_when_its_sequence_is_read():
     source = data.PackedSequences([ids], seq_len=32, bos_id=256, vocab_size=384,
                                   names=["deep.npy"])
     source[0], source[20]  # sequences without it read as usual
-    with pytest.raises(ConfigError, match=r"'deep.npy' holds id 384 at token 700, outside"):
+    with pytest.raises(UserError, match=r"'deep.npy' holds id 384 at token 700, outside"):
         source[700 // 32]
 
 

@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 import lp_jax as lp
-from lp_jax.config.yaml_io import ConfigError, load_config
+from lp_jax.config.yaml_io import load_config
+from lp_jax.errors import UserError
 from lp_jax.training.validate import resolve
 from tests.toy_models import LINEARS_OF_BLOCK, StackedToy, Toy, unrolled_like
 
@@ -65,5 +66,5 @@ def test_config_key(tmp_path):
     plan = resolve(load_config(None, base + ["precision.bf16_layers=[0, 3]"]))
     assert plan.phases[0].recipe.bf16_layers == (0, 3)
     assert plan.phases[0].recipe.policy == "F0L0+bf16[0,3]"
-    with pytest.raises(ConfigError, match=r"precision.bf16_layers=4 is invalid: layers are 0..3"):
+    with pytest.raises(UserError, match=r"precision.bf16_layers=4 is invalid: layers are 0..3"):
         resolve(load_config(None, base + ["precision.bf16_layers=[4]"]))

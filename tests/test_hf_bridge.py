@@ -17,19 +17,19 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import lp_jax
-from lp_jax.evaluation import loading
-from lp_jax.training import cli
+from lp_jax import export
 from lp_jax.data import pipeline as data_lib
+from lp_jax.data.tokenizers import ByteTokenizer, HFTokenizer
+from lp_jax.errors import UserError
+from lp_jax.evaluation import loading
 from lp_jax.runs.checkpoint import Checkpointer, abstract_like
-from lp_jax.config.yaml_io import ConfigError
+from lp_jax.training import cli
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import token_nll
-from lp_jax.data.tokenizers import ByteTokenizer, HFTokenizer
 from lp_jax.training.validate import resolve
-from lp_jax import export
 from models import llama
 from models.hf_config import tensor_map
 from tests import hf_numpy_llama
@@ -314,5 +314,5 @@ def test_init_keeps_the_weights_architecture_and_set_keys(source, tmp_path, toke
                         "model.remat=full", "model.vocab_size=384"))
     assert plan.model_config == resolve(config).model_config.replace(rope_theta=20000.0,
                                                                       remat="full")
-    with pytest.raises(ConfigError, match="must be <= model.max_seq_len=256"):
+    with pytest.raises(UserError, match="must be <= model.max_seq_len=256"):
         resolve(tiny(tmp_path, token_cache, f"init.hf={root / 'hf'}", "data.seq_len=512"))

@@ -11,9 +11,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 import lp_jax
-from lp_jax.data import pipeline as data_lib
 from lp_jax.config.schema import DistributedConfig
-from lp_jax.config.yaml_io import ConfigError
+from lp_jax.data import pipeline as data_lib
+from lp_jax.errors import UserError
 from lp_jax.parallel.distributed import resolve_arguments
 from lp_jax.parallel.mesh import mesh_shape
 from lp_jax.parallel.mesh_checks import check_blocks, check_heads
@@ -37,7 +37,7 @@ def test_mesh_sizes_fill_the_devices(sizes, n, want):
     ((0, 1, 1), 8, r"mesh.data=0 is invalid"),
     ((1, 1, -2), 8, r"mesh.tensor=-2 is invalid")])
 def test_bad_mesh_sizes_are_one_clear_line(sizes, n, message):
-    with pytest.raises(ConfigError, match=message) as e:
+    with pytest.raises(UserError, match=message) as e:
         mesh_shape(*sizes, n)
     assert "\n" not in str(e.value)
 
@@ -73,7 +73,7 @@ def _tiny(**kw):
 def test_blocks_split_along_tokens_name_the_batch_axes():
     recipe = lp_jax.get_recipe("mxfp8", first_bf16_layers=0, last_bf16_layers=0)
     # 8 data-parallel ranks x 1 sequence of 16 tokens: M shards of 16 split 32-blocks.
-    with pytest.raises(ConfigError, match=r"wgrad_x x along M \(tokens\)=128: mesh axis data x fsdp "
+    with pytest.raises(UserError, match=r"wgrad_x x along M \(tokens\)=128: mesh axis data x fsdp "
                                           r"makes 8 shards of 16"):
         check_blocks(_tiny(), [recipe], {"data": 8, "fsdp": 1, "tensor": 1}, 1, 16)
     # NVFP4's 16-blocks (and 16-point RHT) fit 16 tokens per shard; 2 sequences fit MXFP8.
@@ -87,7 +87,7 @@ def test_nvfp4_tiles_and_tensor_parallel_activations_are_checked():
     # tensor=2 over 64 KV features... fine; 16x16 weight tiles need 16 | shard on both axes.
     check_blocks(_tiny(), [nvfp4], {"data": 1, "fsdp": 2, "tensor": 2}, 8, 32)
     narrow = _tiny(hidden_size=96, intermediate_size=96 * 3, num_heads=2, num_kv_heads=1, head_dim=48)
-    with pytest.raises(ConfigError, match=r"the mesh splits quantization blocks of layers/0/attn/\w+_proj "
+    with pytest.raises(UserError, match=r"the mesh splits quantization blocks of layers/0/attn/\w+_proj "
                                              r"\(NVFP4BlockScaling\): fprop_w w along K \(in features\)=96: "
                                              r"mesh axis fsdp makes 4 shards of 24, not a multiple of its "
                                              r"NVFP4 16x16 tiles"):
@@ -98,7 +98,7 @@ def test_nvfp4_tiles_and_tensor_parallel_activations_are_checked():
 
 def test_tensor_parallelism_keeps_whole_heads():
     check_heads(_tiny(), 2)
-    with pytest.raises(ConfigError, match=r"mesh.tensor=4 does not divide model.num_kv_heads=2"):
+    with pytest.raises(UserError, match=r"mesh.tensor=4 does not divide model.num_kv_heads=2"):
         check_heads(_tiny(), 4)
 
 
@@ -163,13 +163,13 @@ def test_distributed_settings_from_config_and_environment(monkeypatch):
     assert resolve_arguments(config) == {"coordinator_address": "h:1", "num_processes": 2,
                                          "process_id": 1, "local_device_ids": [0, 1]}
     assert resolve_arguments(DistributedConfig(initialize=False)) is None
-    with pytest.raises(ConfigError, match=r"distributed.process_id=5 is invalid: must be in 0..3"):
+    with pytest.raises(UserError, match=r"distributed.process_id=5 is invalid: must be in 0..3"):
         resolve_arguments(DistributedConfig(process_id=5))
     monkeypatch.delenv("JAX_PROCESS_ID")
-    with pytest.raises(ConfigError, match="set distributed.num_processes and distributed.process_id"):
+    with pytest.raises(UserError, match="set distributed.num_processes and distributed.process_id"):
         resolve_arguments(DistributedConfig())
     monkeypatch.setenv("JAX_PROCESS_ID", "x")
-    with pytest.raises(ConfigError, match=r"JAX_PROCESS_ID='x' must be an integer"):
+    with pytest.raises(UserError, match=r"JAX_PROCESS_ID='x' must be an integer"):
         resolve_arguments(DistributedConfig())
 
 

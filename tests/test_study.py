@@ -9,11 +9,12 @@ import sysconfig
 import numpy as np
 import pytest
 
+from lp_jax.config.yaml_io import load_config
+from lp_jax.errors import UserError
 from lp_jax.study import curves, throughput
 from lp_jax.study.cli import main
 from lp_jax.study.study import StudyOptions, run_study
 from lp_jax.study.variants import ablation_variants, parse_precisions, variant_config
-from lp_jax.config.yaml_io import ConfigError, load_config
 
 
 def test_precisions_parse_with_policies_and_reject_bad_lists():
@@ -22,7 +23,7 @@ def test_precisions_parse_with_policies_and_reject_bad_lists():
     assert variants[2].precision == {"first_bf16_layers": 0, "last_bf16_layers": 1}
     for bad, match in (("bf16,fp4", "unknown precision 'fp4'"), ("fp8_cs,mxfp8", "must include bf16"),
                        ("bf16,nvfp4:X1", "bad layer policy"), ("bf16,bf16", "listed twice")):
-        with pytest.raises(ConfigError, match=match):
+        with pytest.raises(UserError, match=match):
             parse_precisions(bad)
 
 
@@ -46,7 +47,7 @@ def test_variant_config_resets_the_precision_and_keeps_everything_else():
     config = variant_config(base, mx, "out/mxfp8")
     assert config.precision.recipe == "mxfp8" and config.precision.last_bf16_layers is None
     assert config.steps == 7 and config.run_dir == "out/mxfp8" and config.checkpoint.dir is None
-    with pytest.raises(ConfigError, match="precision_schedule"):
+    with pytest.raises(UserError, match="precision_schedule"):
         variant_config(load_config(None, ["precision_schedule=[{from_step: 2, recipe: bf16}]"]),
                        bf16, "x")
 

@@ -5,11 +5,12 @@ import os
 
 import pytest
 
+from lp_jax.config.yaml_io import load_config
+from lp_jax.errors import UserError
 from lp_jax.study import seeds
 from lp_jax.study.cli import parse_seeds
 from lp_jax.study.study import StudyOptions, run_study
 from lp_jax.study.variants import TWIN, twin_variant
-from lp_jax.config.yaml_io import ConfigError, load_config
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "configs", "tiny.yaml")
@@ -30,7 +31,7 @@ def test_twin_sums_the_same_batch_in_another_order():
     assert twin.name == TWIN and twin.recipe == "bf16" and twin.group == "twin"
     assert twin.overrides == ("data.micro_batch_size=4",)
     odd = load_config(CONFIG, ["data.global_batch_size=9", "data.micro_batch_size=3"])
-    with pytest.raises(ConfigError, match="no BF16 twin"):
+    with pytest.raises(UserError, match="no BF16 twin"):
         twin_variant(odd)
     assert twin_variant(load_config(CONFIG, ["data.global_batch_size=6",
                                              "data.micro_batch_size=1"])).overrides == \

@@ -8,9 +8,10 @@ import sys
 import pytest
 import yaml
 
-from lp_jax.training import cli
 from lp_jax.config.schema import PrecisionConfig, TrainConfig
-from lp_jax.config.yaml_io import ConfigError, all_keys, dump_yaml, from_dict, load_config
+from lp_jax.config.yaml_io import all_keys, dump_yaml, from_dict, load_config
+from lp_jax.errors import UserError
+from lp_jax.training import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -73,7 +74,7 @@ def test_overrides_are_typed_and_nested():
     ("novalue", "override 'novalue' must look like key=value"),
 ])
 def test_bad_overrides_raise_one_line(override, message):
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(UserError) as info:
         load_config(None, [override])
     assert message in str(info.value) and "\n" not in str(info.value)
 
@@ -85,7 +86,7 @@ def test_bad_yaml_files(tmp_path):
     for name, message in (("list", "must hold a mapping"), ("broken", "is not valid YAML"),
                           ("typo", "unknown config key 'data.seq_lenn'; did you mean 'data.seq_len'"),
                           ("missing", "does not exist")):
-        with pytest.raises(ConfigError, match=message):
+        with pytest.raises(UserError, match=message):
             load_config(tmp_path / f"{name}.yaml")
 
 
@@ -154,7 +155,7 @@ def test_precision_backend_is_checked_against_the_recipe_and_the_devices(overrid
         overrides.remove("platform=tpu")
         monkeypatch.setattr(backends, "current_platform", lambda: "tpu")
     config = load_config(None, [f"run_dir={tmp_path}", "data.source=mock", *overrides])
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(UserError) as info:
         resolve(config)
     assert message in str(info.value) and "\n" not in str(info.value)
 

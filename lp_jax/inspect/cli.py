@@ -22,11 +22,8 @@ import dataclasses
 import os
 import sys
 
+from lp_jax.errors import UserError
 from lp_jax.inspect import sensitivity as sens_lib
-
-
-class InspectError(ValueError):
-    """Bad input to the inspector: one line."""
 
 
 @dataclasses.dataclass
@@ -55,10 +52,10 @@ def _recipe(saved, name: str | None):
             recipe = lp_jax.get_recipe(name, backend=run_precision.backend)
         recipe = lp_jax.get_recipe(recipe, policy="F0L0", bf16_layers=())
     except ValueError as e:
-        raise InspectError(f"--recipe: {' '.join(str(e).split())}") from None
+        raise UserError(f"--recipe: {' '.join(str(e).split())}") from None
     if not recipe.quantized:
-        raise InspectError(f"--recipe {recipe.name}: quantizes nothing; name a low-precision "
-                           "recipe (fp8_cs, mxfp8, nvfp4)")
+        raise UserError(f"--recipe {recipe.name}: quantizes nothing; name a low-precision "
+                        "recipe (fp8_cs, mxfp8, nvfp4)")
     return recipe
 
 
@@ -67,30 +64,30 @@ def _model(run_dir: str, hf: str | None):
     description of its source). Without ``hf``, the newest checkpoint that restores."""
     import jax.numpy as jnp
 
-    from lp_jax.runs.run_folder import RunFolderError, open_and_restore, open_run
+    from lp_jax.runs.run_folder import open_and_restore, open_run
 
     try:
         if hf is None:
             saved, model = open_and_restore(run_dir, as_trained=True)
             return saved, model, f"{saved.checkpoint_dir} step {saved.step}"
         saved = open_run(run_dir)
-    except RunFolderError as e:
-        raise InspectError(str(e)) from None
+    except UserError as e:
+        raise UserError(str(e)) from None
     from models.hf import load_hf
 
     if not os.path.isdir(hf):
-        raise InspectError(f"--hf {hf}: no such folder")
+        raise UserError(f"--hf {hf}: no such folder")
     try:
         return saved, load_hf(hf, dtype=jnp.dtype(saved.config.model.dtype)), f"hf:{os.path.abspath(hf)}"
     except (OSError, ValueError, KeyError) as e:
-        raise InspectError(f"--hf {hf}: {' '.join(str(e).split())}") from None
+        raise UserError(f"--hf {hf}: {' '.join(str(e).split())}") from None
 
 
 def _batches(saved, vocab_size: int, n: int, mesh) -> list:
     """N global batches of the run's data ([1, global, L]: one micro-batch each)."""
     from lp_jax.data import pipeline as data_lib
-    from lp_jax.training.state import place_batch
     from lp_jax.data.tokenizers import get_tokenizer
+    from lp_jax.training.state import place_batch
 
     d = saved.config.data
     tokenizer = None if d.source == "mock" else get_tokenizer(d.tokenizer)
@@ -156,16 +153,16 @@ def inspect_run(run_dir: str, recipe: str | None = None, batches: int = 4, budge
     from lp_jax.parallel.mesh import make_mesh
 
     if batches < 1:
-        raise InspectError(f"--batches {batches}: must be at least 1")
+        raise UserError(f"--batches {batches}: must be at least 1")
     if budget < 0:
-        raise InspectError(f"--budget {budget}: must be >= 0 (percent)")
+        raise UserError(f"--budget {budget}: must be >= 0 (percent)")
     if not os.path.isdir(run_dir):
-        raise InspectError(f"{run_dir}: no such folder")
+        raise UserError(f"{run_dir}: no such folder")
     if recipe is not None:  # a misspelt name fails before the checkpoint is read
         try:
             lp_jax.get_recipe(recipe)
         except ValueError as e:
-            raise InspectError(f"--recipe: {' '.join(str(e).split())}") from None
+            raise UserError(f"--recipe: {' '.join(str(e).split())}") from None
     saved, model, source = _model(run_dir, hf)
     chosen = _recipe(saved, recipe)
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
@@ -210,11 +207,10 @@ def main(argv=None) -> int:
     parser.add_argument("--hf", default=None, help="a Hugging Face Llama folder: its weights "
                         "instead of the run's latest checkpoint")
     args = parser.parse_args(argv)
-    from lp_jax.config.yaml_io import ConfigError
 
     try:
         result = inspect_run(args.run_dir, args.recipe, args.batches, args.budget, args.hf)
-    except (InspectError, ConfigError) as e:
+    except UserError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     from lp_jax.inspect.report import console

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 
+import jax
+
 from lp_jax.config.schema import DistributedConfig
-from lp_jax.config.yaml_io import ConfigError
+from lp_jax.errors import UserError
 
 _LAUNCHER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
 
@@ -29,7 +31,7 @@ def _env_int(name: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={text!r} must be an integer") from None
+        raise UserError(f"environment variable {name}={text!r} must be an integer") from None
 
 
 def resolve_arguments(cfg: DistributedConfig) -> dict | None:
@@ -42,14 +44,14 @@ def resolve_arguments(cfg: DistributedConfig) -> dict | None:
     if not wanted:
         return None
     if count is not None and count < 1:
-        raise ConfigError(f"distributed.num_processes={count} is invalid: must be at least 1")
+        raise UserError(f"distributed.num_processes={count} is invalid: must be at least 1")
     if index is not None and count is not None and not 0 <= index < count:
-        raise ConfigError(f"distributed.process_id={index} is invalid: must be in 0..{count - 1} "
-                          f"for num_processes={count}")
+        raise UserError(f"distributed.process_id={index} is invalid: must be in 0..{count - 1} "
+                        f"for num_processes={count}")
     if address and not launched and (count is None or index is None):
-        raise ConfigError("distributed: a coordinator address is set but not the process count "
-                          "and index; set distributed.num_processes and distributed.process_id "
-                          "(or JAX_NUM_PROCESSES and JAX_PROCESS_ID)")
+        raise UserError("distributed: a coordinator address is set but not the process count "
+                        "and index; set distributed.num_processes and distributed.process_id "
+                        "(or JAX_NUM_PROCESSES and JAX_PROCESS_ID)")
     kwargs = {"coordinator_address": address, "num_processes": count, "process_id": index}
     if cfg.local_device_ids:
         kwargs["local_device_ids"] = list(cfg.local_device_ids)
@@ -59,8 +61,6 @@ def resolve_arguments(cfg: DistributedConfig) -> dict | None:
 def maybe_initialize(cfg: DistributedConfig) -> bool:
     """Calls jax.distributed.initialize when the config or environment asks for several
     processes (once per process); returns whether this is a multi-process run."""
-    import jax
-
     kwargs = resolve_arguments(cfg)
     if kwargs is None:
         return False
@@ -71,6 +71,4 @@ def maybe_initialize(cfg: DistributedConfig) -> bool:
 
 def is_primary() -> bool:
     """Process 0 writes the run folder's files (config, metrics, TensorBoard) and prints."""
-    import jax
-
     return jax.process_index() == 0

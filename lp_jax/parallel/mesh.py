@@ -19,45 +19,45 @@ from __future__ import annotations
 
 import math
 
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+from lp_jax.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # both split the batch; fsdp also shards the state
 
 
 def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) sizes for ``device_count`` devices; one of them may be -1 (the
-    rest). Raises ConfigError with one line when the sizes cannot tile the devices."""
-    from lp_jax.config.yaml_io import ConfigError
-
+    rest). Raises UserError with one line when the sizes cannot tile the devices."""
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
     for name, size in sizes.items():
         if size == 0 or size < -1:
-            raise ConfigError(f"mesh.{name}={size} is invalid: a mesh size is a positive "
-                              "integer, or -1 for the devices left by the other two")
+            raise UserError(f"mesh.{name}={size} is invalid: a mesh size is a positive "
+                            "integer, or -1 for the devices left by the other two")
     fills = [name for name, size in sizes.items() if size == -1]
     if len(fills) > 1:
-        raise ConfigError(f"mesh.{fills[0]} and mesh.{fills[1]} are both -1: at most one mesh "
-                          "size may take the rest of the devices")
+        raise UserError(f"mesh.{fills[0]} and mesh.{fills[1]} are both -1: at most one mesh "
+                        "size may take the rest of the devices")
     known = math.prod(size for size in sizes.values() if size != -1)
     product = " x ".join(f"{name}={size}" for name, size in sizes.items())
     if fills:
         if device_count % known:
-            raise ConfigError(f"mesh sizes {product} cannot tile the {device_count} devices: "
-                              f"{known} does not divide {device_count}")
+            raise UserError(f"mesh sizes {product} cannot tile the {device_count} devices: "
+                            f"{known} does not divide {device_count}")
         sizes[fills[0]] = device_count // known
     elif known != device_count:
-        raise ConfigError(f"mesh.data x mesh.fsdp x mesh.tensor = {product} = {known} devices, "
-                          f"but there are {device_count}; make the product {device_count} "
-                          "(one size may be -1: the rest)")
+        raise UserError(f"mesh.data x mesh.fsdp x mesh.tensor = {product} = {known} devices, "
+                        f"but there are {device_count}; make the product {device_count} "
+                        "(one size may be -1: the rest)")
     return sizes["data"], sizes["fsdp"], sizes["tensor"]
 
 
 def make_mesh(data: int, fsdp: int = 1, tensor: int = 1, devices=None):
     """An Auto-typed ``jax.sharding.Mesh`` over the first data*fsdp*tensor devices (in
     process order, so a host's devices are neighbours on every axis)."""
-    import jax
-    import numpy as np
-    from jax.sharding import AxisType, Mesh
-
     devices = list(jax.devices() if devices is None else devices)
     devices.sort(key=lambda d: (d.process_index, d.id))
     count = data * fsdp * tensor

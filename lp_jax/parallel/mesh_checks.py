@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import math
 
-from lp_jax.config.yaml_io import ConfigError
+from flax import nnx
+
+import lp_jax
+from lp_jax.errors import UserError
+from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.parallel.partitioning import ACTIVATION_RULES, logical_axes, param_spec
+from lp_jax.parallel.shard_checks import BlockStraddleError, LinearSplits, Split, check_linear
+from models import llama
 
 
 def _split(size: int, entry, mesh_shape: dict[str, int]):
-    from lp_jax.parallel.shard_checks import Split
-
     names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
     shards = math.prod(mesh_shape[n] for n in names)
     return Split(size, shards, " x ".join(names))
@@ -31,8 +35,6 @@ def linear_splits(path: str, kernel_shape: tuple[int, int], mesh_shape: dict[str
                   tokens_per_pass: int):
     """LinearSplits of the Linear at ``path`` under the partitioning rules. tokens_per_pass:
     M of one forward pass over the whole mesh (micro-batch x data x fsdp x seq_len)."""
-    from lp_jax.parallel.shard_checks import LinearSplits
-
     k, n = kernel_shape
     kernel = f"{path}/kernel"
     spec = tuple(param_spec(kernel, kernel_shape, mesh_shape)) + (None, None)
@@ -48,21 +50,16 @@ def check_heads(model_config, tensor: int) -> None:
     for key in ("num_heads", "num_kv_heads"):
         heads = getattr(model_config, key)
         if heads % tensor:
-            raise ConfigError(f"mesh.tensor={tensor} does not divide model.{key}={heads}: each "
-                              "tensor-parallel rank must hold whole attention heads")
+            raise UserError(f"mesh.tensor={tensor} does not divide model.{key}={heads}: each "
+                            "tensor-parallel rank must hold whole attention heads")
 
 
 def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_size: int,
                  seq_len: int) -> None:
-    """ConfigError if any recipe would split a quantization block across the mesh."""
+    """UserError if any recipe would split a quantization block across the mesh."""
     if all(v == 1 for v in mesh_shape.values()):
         return
-    from flax import nnx
 
-    import lp_jax
-    from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
-    from lp_jax.parallel.shard_checks import BlockStraddleError, check_linear
-    from models import llama
 
     model = nnx.eval_shape(lambda: llama.Llama(model_config, rngs=nnx.Rngs(0)))
     tokens = micro_batch_size * mesh_shape["data"] * mesh_shape["fsdp"] * seq_len
@@ -79,4 +76,4 @@ def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_
             try:
                 check_linear(name, splits, dg.recipe)
             except BlockStraddleError as e:
-                raise ConfigError(str(e)) from None
+                raise UserError(str(e)) from None

@@ -6,21 +6,21 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lp_jax.config.schema import TrainConfig
-from lp_jax.config.yaml_io import ConfigError
 from lp_jax.data.tokenizers import Tokenizer, get_tokenizer
+from lp_jax.errors import UserError
 from models import llama
 
 VOCAB_MULTIPLE = 128  # embedding rows rounded up for tensor-core friendly shapes
 
 
 def run_tokenizer(c: TrainConfig) -> Tokenizer | None:
-    """The tokenizer of the run's data (None for mock tokens); ConfigError if it cannot load."""
+    """The tokenizer of the run's data (None for mock tokens); UserError if it cannot load."""
     if c.data.source == "mock":
         return None
     try:
         return get_tokenizer(c.data.tokenizer)
     except (ValueError, ImportError) as e:
-        raise ConfigError(f"data.tokenizer: {e}") from None
+        raise UserError(f"data.tokenizer: {e}") from None
 
 
 def preset_model_config(c: TrainConfig, tokenizer: Tokenizer | None) -> llama.LlamaConfig:
@@ -30,11 +30,11 @@ def preset_model_config(c: TrainConfig, tokenizer: Tokenizer | None) -> llama.Ll
         if c.model.vocab_size is None:
             overrides["vocab_size"] = -(-tokenizer.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
         elif c.model.vocab_size < tokenizer.vocab_size:
-            raise ConfigError(f"model.vocab_size={c.model.vocab_size} is smaller than tokenizer "
-                              f"{tokenizer.name!r}'s {tokenizer.vocab_size} ids")
+            raise UserError(f"model.vocab_size={c.model.vocab_size} is smaller than tokenizer "
+                            f"{tokenizer.name!r}'s {tokenizer.vocab_size} ids")
     overrides["dtype"] = jnp.dtype(c.model.dtype)
     overrides["param_dtype"] = jnp.dtype(c.model.param_dtype)
     try:
         return llama.preset(c.model.preset, **overrides)
     except (ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"model: {' '.join(str(e).split())}") from None
+        raise UserError(f"model: {' '.join(str(e).split())}") from None

@@ -32,12 +32,16 @@ import logging
 import os
 from typing import Any, Callable
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-from lp_jax.runs.writable import write_problem
+from lp_jax.errors import one_line
 from lp_jax.runs.orbax_quiet import abandoned_reads_hushed, orbax_logs
+from lp_jax.runs.writable import write_problem
 
 
 class PoisonedStateError(RuntimeError):
@@ -64,8 +68,6 @@ class Checkpointer:
     """A CheckpointManager over ``directory`` keeping the last ``keep`` checkpoints."""
 
     def __init__(self, directory: str | os.PathLike, keep: int, async_save: bool = True):
-        import orbax.checkpoint as ocp
-
         self._ocp = ocp
         # Step folders are made before save() returns: made in the background, a folder
         # that cannot be made leaves the writer waiting 300 s for a signal that never comes.
@@ -84,8 +86,6 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_iterator: Any, meta: dict) -> None:
         """Saves (asynchronously if enabled); never a non-finite state."""
-        import grain
-
         if not bool(_all_finite(state)):
             raise PoisonedStateError(
                 f"refusing to save step {step}: the train state holds NaN or inf "
@@ -105,12 +105,10 @@ class Checkpointer:
             self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
             raise CheckpointWriteError(f"saving step {step} in {self.directory} failed: "
-                                       f"{first_line(e)}") from e
+                                       f"{one_line(e, 200, typed=True)}") from e
 
     def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> tuple[Any, dict]:
         """(state, meta) of ``step``; the data iterator is restored in place."""
-        import grain
-
         ocp = self._ocp
         items = {"state": ocp.args.StandardRestore(abstract_state),
                  "meta": ocp.args.JsonRestore()}
@@ -175,8 +173,6 @@ class Checkpointer:
                 target = f"{source}{DAMAGED_SUFFIX}-{n}"
             os.rename(source, target)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices(f"lp_jax set aside checkpoint {step}")
         self._manager.reload()
 
@@ -186,7 +182,7 @@ class Checkpointer:
             self._manager.wait_until_finished()
         except Exception as e:
             raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: "
-                                       f"{first_line(e)}") from e
+                                       f"{one_line(e, 200, typed=True)}") from e
 
     def close(self) -> None:
         try:
@@ -215,22 +211,15 @@ def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:
         with orbax_logs(logging.CRITICAL), abandoned_reads_hushed():
             return read(), None
     except Exception as e:
-        return None, first_line(e)
+        return None, one_line(e, 200, typed=True)
 
 
 def _on_every_process(ok: bool) -> bool:
     if jax.process_count() == 1:
         return ok
-    from jax.experimental import multihost_utils
 
     return bool(np.all(multihost_utils.process_allgather(np.int32(ok))))
 
-
-def first_line(e: BaseException, limit: int = 200) -> str:
-    """An exception as one short line (Orbax's messages run to pages of JSON)."""
-    text = " ".join((str(e).strip().splitlines() or [""])[0].split()) or type(e).__name__
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return f"{type(e).__name__}: {text}"
 
 
 def abstract_like(tree: Any, shardings: Any = None) -> Any:

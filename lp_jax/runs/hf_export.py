@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from lp_jax.runs.run_folder import RunFolderError, SavedRun, open_and_restore
+from lp_jax.data.tokenizer_files import write_tokenizer_files
+from lp_jax.errors import UserError
+from lp_jax.runs.run_folder import SavedRun, open_and_restore
+from models.hf import save_hf
 
 
 def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
                max_shard_size="5GB", say: Callable[[str], Any] = print) -> SavedRun:
     """Writes the run's checkpoint at `step` (default: the newest that restores) to `hf_dir`."""
-    from lp_jax.data.tokenizer_files import write_tokenizer_files
-    from models.hf import save_hf
-
     saved, model = open_and_restore(source, step)
     data = saved.config.data
     token_ids = {}
@@ -28,8 +28,8 @@ def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
         try:
             token_ids = write_tokenizer_files(data.tokenizer, hf_dir, saved.model_config.max_seq_len)
         except (ValueError, ImportError, OSError) as e:
-            raise RunFolderError(f"{source}: cannot write the run's tokenizer "
-                                 f"{data.tokenizer!r}: {' '.join(str(e).split())}") from None
+            raise UserError(f"{source}: cannot write the run's tokenizer "
+                            f"{data.tokenizer!r}: {' '.join(str(e).split())}") from None
     save_hf(model, hf_dir, dtype=dtype, max_shard_size=max_shard_size, extra_config=token_ids)
     dt = "float32" if dtype is None else str(dtype)
     tokenizer = "no tokenizer (mock data)" if data.source == "mock" else f"tokenizer {data.tokenizer!r}"

@@ -15,9 +15,19 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx import traversals
+
 from lp_jax.config.schema import TrainConfig
-from lp_jax.config.yaml_io import ConfigError
+from lp_jax.data.tokenizers import get_tokenizer
+from lp_jax.errors import UserError
+from lp_jax.runs.run_folder import checkpoint_folder, open_and_restore, open_run, split_step
 from models.config import SHAPE_FIELDS
+from models.hf import HFError, check_tensors, read_hf_config, read_params
+from models.hf_config import config_from_hf
 
 # Encoded by both tokenizers to tell whether they are the same vocabulary: ASCII code,
 # whitespace runs, accented, CJK and emoji text, so byte-level and BPE tokenizers differ.
@@ -34,9 +44,9 @@ def _source_key(c: TrainConfig) -> str:
 
 def model_config(c: TrainConfig, tokenizer):
     """The LlamaConfig of the run: the source's architecture, the set model keys applied,
-    checked against the weights and the run's tokenizer (ConfigError, one line)."""
+    checked against the weights and the run's tokenizer (UserError, one line)."""
     if c.init.hf and c.init.checkpoint:
-        raise ConfigError("init.hf and init.checkpoint are both set; choose one source of weights")
+        raise UserError("init.hf and init.checkpoint are both set; choose one source of weights")
     resumed = _own_checkpoint(c)
     if resumed is not None:  # the source was read when the run started and may be gone since
         return _with_overrides(resumed.model_config, c, f"the run's checkpoint {resumed.step}")
@@ -49,94 +59,80 @@ def model_config(c: TrainConfig, tokenizer):
     if tokenizer is not None:
         _check_vocabulary(cfg, tokenizer, source_tokenizer, key)
     if c.init.hf:
-        from models.hf import HFError, check_tensors
-
         try:
             check_tensors(c.init.hf, cfg)
         except HFError as e:
-            raise ConfigError(f"{key}: {e}") from None
+            raise UserError(f"{key}: {e}") from None
     return cfg
 
 
 def _own_checkpoint(c: TrainConfig):
     """The run's latest checkpoint when the loop will resume from it, else None."""
-    from lp_jax.runs.run_folder import RunFolderError, open_run
-
-    directory = c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+    directory = checkpoint_folder(c.run_dir, c.checkpoint.dir)
     if not c.checkpoint.resume or not os.path.isdir(directory) or not any(
             name.isdigit() for name in os.listdir(directory)):
         return None
     try:
         return open_run(directory)
-    except RunFolderError as e:
-        raise ConfigError(f"resuming {c.run_dir}: {e}") from None
+    except UserError as e:
+        raise UserError(f"resuming {c.run_dir}: {e}") from None
 
 
 def _hf_source(path: str, key: str):
-    import jax.numpy as jnp
-
-    from models.hf import HFError, read_hf_config
-    from models.hf_config import config_from_hf
 
     if not os.path.isdir(path):
-        raise ConfigError(f"{key}: no such folder")
+        raise UserError(f"{key}: no such folder")
     try:
         cfg = config_from_hf(read_hf_config(path), dtype=jnp.bfloat16, param_dtype=jnp.float32)
     except HFError as e:
-        raise ConfigError(f"{key}: {e}") from None
+        raise UserError(f"{key}: {e}") from None
     tokenizer_file = os.path.join(path, "tokenizer.json")
     return cfg, (f"hf:{tokenizer_file}" if os.path.isfile(tokenizer_file) else None)
 
 
 def _run_source(spec: str, key: str):
-    from lp_jax.runs.run_folder import RunFolderError, open_run, split_step
-
     try:
         saved = open_run(*split_step(spec))
-    except RunFolderError as e:
-        raise ConfigError(f"{key}: {e}") from None
+    except UserError as e:
+        raise UserError(f"{key}: {e}") from None
     source_tokenizer = None if saved.config.data.source == "mock" else saved.config.data.tokenizer
     return saved.model_config, source_tokenizer
 
 
 def _with_overrides(source, c: TrainConfig, key: str):
-    import jax.numpy as jnp
-
     overrides = c.model.overrides()
     for name in SHAPE_FIELDS:
         if name in overrides and overrides[name] != getattr(source, name):
-            raise ConfigError(f"model.{name}={overrides[name]!r} does not fit the weights of {key} "
-                              f"({name} {getattr(source, name)!r}); leave it unset")
+            raise UserError(f"model.{name}={overrides[name]!r} does not fit the weights of {key} "
+                            f"({name} {getattr(source, name)!r}); leave it unset")
     overrides.update(dtype=jnp.dtype(c.model.dtype), param_dtype=jnp.dtype(c.model.param_dtype))
     try:
         return source.replace(**overrides)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"model: {' '.join(str(e).split())}") from None
+        raise UserError(f"model: {' '.join(str(e).split())}") from None
 
 
 def _check_vocabulary(cfg, tokenizer, source_tokenizer: str | None, key: str) -> None:
     """The run's tokenizer must index the weights' embedding rows as their own did."""
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise ConfigError(f"{key}: the weights have a vocabulary of {cfg.vocab_size} ids, fewer "
-                          f"than the {tokenizer.vocab_size} of data.tokenizer {tokenizer.name!r}")
+        raise UserError(f"{key}: the weights have a vocabulary of {cfg.vocab_size} ids, fewer "
+                        f"than the {tokenizer.vocab_size} of data.tokenizer {tokenizer.name!r}")
     if source_tokenizer is None or source_tokenizer == tokenizer.name:
         return  # nothing to compare with (no tokenizer.json, mock data), or the same one
     try:
         size, ids = _encode_probe(source_tokenizer)
     except Exception as e:  # noqa: BLE001 (the tokenizers library raises plain Exceptions)
-        raise ConfigError(f"{key}: cannot read the weights' tokenizer {source_tokenizer!r}: "
-                          f"{' '.join(str(e).split())}") from None
+        raise UserError(f"{key}: cannot read the weights' tokenizer {source_tokenizer!r}: "
+                        f"{' '.join(str(e).split())}") from None
     if (size, ids) != (tokenizer.vocab_size, list(tokenizer.encode(PROBE))):
-        raise ConfigError(f"{key}: the weights were trained with tokenizer {source_tokenizer!r} "
-                          f"({size} ids), which encodes text differently from data.tokenizer "
-                          f"{tokenizer.name!r} ({tokenizer.vocab_size} ids); set "
-                          f"data.tokenizer={source_tokenizer}")
+        raise UserError(f"{key}: the weights were trained with tokenizer {source_tokenizer!r} "
+                        f"({size} ids), which encodes text differently from data.tokenizer "
+                        f"{tokenizer.name!r} ({tokenizer.vocab_size} ids); set "
+                        f"data.tokenizer={source_tokenizer}")
 
 
 def _encode_probe(name: str) -> tuple[int, list[int]]:
     """(vocabulary size, ids of PROBE) of a data.tokenizer value."""
-    from lp_jax.data.tokenizers import get_tokenizer
-
     if name.startswith("hf:"):  # read directly: a folder's tokenizer may lack a BOS name
         from tokenizers import Tokenizer
 
@@ -155,8 +151,6 @@ def load(plan, state: dict, say: Callable[[str], Any] = print) -> dict:
     if not requested(c):
         return state
     if c.init.hf:
-        from models.hf import read_params
-
         arrays, where = read_params(c.init.hf, plan.model_config), f"init.hf={c.init.hf}"
     else:
         arrays, where = _run_params(c.init.checkpoint)
@@ -166,10 +160,6 @@ def load(plan, state: dict, say: Callable[[str], Any] = print) -> dict:
 
 def _run_params(spec: str):
     """The source run's parameters as host arrays (restored through the first device)."""
-    import numpy as np
-    from flax import nnx
-
-    from lp_jax.runs.run_folder import open_and_restore, split_step
 
     saved, model = open_and_restore(*split_step(spec))
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
@@ -181,10 +171,6 @@ def _placed(params, arrays: dict[tuple, Any]):
     """`params` (an nnx.State of sharded arrays) with every leaf replaced by the host array
     of the same path, each device receiving only its own slice of it (an FSDP-sharded 8B
     run never gathers the whole model on one device)."""
-    import jax
-    from flax import nnx
-    from flax.nnx import traversals
-
     flat = {}
     for path, var in nnx.to_flat_state(params):
         old, new = var[...], arrays[path]

@@ -10,11 +10,8 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from lp_jax.errors import UserError
 from lp_jax.runs.orbax_quiet import abandoned_reads_hushed, orbax_logs
-
-
-class LoadError(ValueError):
-    """A model folder that cannot be read (missing file, bad config, unreadable item)."""
 
 
 def _on_device(abstract_tree):
@@ -35,7 +32,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     - the model's whole nnx.State.
     """
     if not os.path.isdir(checkpoint_dir):
-        raise LoadError(f"{checkpoint_dir}: no checkpoint folder")
+        raise UserError(f"{checkpoint_dir}: no checkpoint folder")
     # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
     # skipping them is the point here, so its warnings are held back while reading. A
     # failed read's abandoned array reads would each print a traceback (quiet_reads.py).
@@ -47,13 +44,13 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
         try:
             step = manager.latest_step() if step is None else step
             if step is None:
-                raise LoadError(f"{checkpoint_dir}: no checkpoint saved yet")
+                raise UserError(f"{checkpoint_dir}: no checkpoint saved yet")
             try:
                 saved = manager.item_metadata(step)["state"]
             except (FileNotFoundError, KeyError, ValueError) as e:
-                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
+                raise UserError(f"{checkpoint_dir} step {step}: no readable item 'state' ({e})") from None
             if saved is None:
-                raise LoadError(f"{checkpoint_dir} step {step}: no readable item 'state'")
+                raise UserError(f"{checkpoint_dir} step {step}: no readable item 'state'")
             tree = getattr(saved, "tree", saved)
             if isinstance(tree, dict) and "params" in tree:
                 graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
@@ -73,7 +70,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
             except Exception as e:  # TensorStore, Orbax and OS errors alike: the item cannot be read
                 # One line; TensorStore appends a "See full ... details" of no use to anyone.
                 text = " ".join(str(e).split()).split(" See full TensorStore details")[0] or type(e).__name__
-                raise LoadError(f"{checkpoint_dir} step {step}: cannot read item 'state' "
+                raise UserError(f"{checkpoint_dir} step {step}: cannot read item 'state' "
                                 f"({text[:200]})") from None
         finally:
             manager.close()

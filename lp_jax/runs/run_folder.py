@@ -16,9 +16,18 @@ import re
 import sys
 from typing import Any, Callable
 
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import yaml
+from flax import nnx
 
-class RunFolderError(ValueError):
-    """A path that is not a usable run (no checkpoints, no such step, no config): one line."""
+from lp_jax.config.schema import TrainConfig
+from lp_jax.config.yaml_io import from_dict
+from lp_jax.errors import UserError, one_line
+from lp_jax.runs.architecture import preset_model_config, run_tokenizer
+from lp_jax.runs.model_state import restore_model_state
+from models.config import architecture, config_from_dict
+from models.llama import Llama
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +38,12 @@ class SavedRun:
     config: Any  # TrainConfig the checkpoint was saved with
     model_config: Any  # models.config.LlamaConfig of its weights
     recipe: str  # precision recipe in force at that step
+
+
+def checkpoint_folder(run_dir: str, checkpoint_dir: str | None = None) -> str:
+    """Where a run's checkpoints are: ``checkpoint.dir`` when the config sets it (relative
+    to where the run ran), else RUN_DIR/checkpoints."""
+    return checkpoint_dir or os.path.join(run_dir, "checkpoints")
 
 
 def split_step(spec: str) -> tuple[str, int | None]:
@@ -55,34 +70,32 @@ def is_run_source(path: str) -> bool:
 def _locate(path: str) -> tuple[str, str | None]:
     """(checkpoint folder, step named by the path or None)."""
     if not os.path.isdir(path):
-        raise RunFolderError(f"{path}: no such folder")
+        raise UserError(f"{path}: no such folder")
     if _is_step_dir(path):
         return os.path.dirname(os.path.abspath(path)), int(os.path.basename(os.path.normpath(path)))
     config_path = os.path.join(path, "config.yaml")
     if os.path.isfile(config_path):
-        import yaml
-
         with open(config_path) as f:
             raw = yaml.safe_load(f) or {}
         # checkpoint.dir, when set, is where the run wrote (relative to where it ran).
-        return (raw.get("checkpoint") or {}).get("dir") or os.path.join(path, "checkpoints"), None
+        return checkpoint_folder(path, (raw.get("checkpoint") or {}).get("dir")), None
     if any(_is_step_dir(os.path.join(path, d)) for d in os.listdir(path)):
         return path, None
-    raise RunFolderError(f"{path}: not a training run folder (no config.yaml) nor a checkpoint "
-                         "folder of one")
+    raise UserError(f"{path}: not a training run folder (no config.yaml) nor a checkpoint "
+                    "folder of one")
 
 
 def open_run(path: str, step: int | None = None) -> SavedRun:
     """The checkpoint at `step` (default: the latest, or the step folder given) of a run."""
     checkpoint_dir, named_step = _locate(path)
     if named_step is not None and step is not None and step != named_step:
-        raise RunFolderError(f"{path} is the checkpoint of step {named_step}, not step {step}")
+        raise UserError(f"{path} is the checkpoint of step {named_step}, not step {step}")
     step = named_step if step is None else step
     if not os.path.isdir(checkpoint_dir):
-        raise RunFolderError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
+        raise UserError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
     step, meta = read_meta(checkpoint_dir, step)
     if meta is None:
-        raise RunFolderError(f"{checkpoint_dir} step {step}: no readable item 'meta'")
+        raise UserError(f"{checkpoint_dir} step {step}: no readable item 'meta'")
     config = _config(meta, path)
     return SavedRun(path, checkpoint_dir, step, config, _model_config(meta, config, path),
                     str(meta.get("recipe", config.precision.recipe)))
@@ -91,16 +104,14 @@ def open_run(path: str, step: int | None = None) -> SavedRun:
 def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict | None]:
     """(step, its `meta` item or None when it has none) of a checkpoint folder; the latest
     step by default."""
-    import orbax.checkpoint as ocp
-
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
         steps = _steps(manager, checkpoint_dir)
         if step is None:
             step = steps[-1]
         elif step not in steps:
-            raise RunFolderError(f"{checkpoint_dir}: no checkpoint of step {step}; saved steps: "
-                                 f"{', '.join(map(str, steps))}")
+            raise UserError(f"{checkpoint_dir}: no checkpoint of step {step}; saved steps: "
+                            f"{', '.join(map(str, steps))}")
         if not os.path.isdir(os.path.join(checkpoint_dir, str(step), "meta")):
             return step, None
         try:
@@ -110,35 +121,18 @@ def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict |
             return step, None
 
 
-def recorded_model_config(checkpoint_dir: str, step: int | None = None):
-    """The LlamaConfig a checkpoint records (the loop writes it into `meta`), or None for
-    checkpoints that record none."""
-    from models.config import config_from_dict
-
-    _, meta = read_meta(checkpoint_dir, step)
-    model = (meta or {}).get("model")
-    return config_from_dict(model) if isinstance(model, dict) else None
-
-
 def _config(meta: dict, path: str):
-    from lp_jax.config.schema import TrainConfig
-    from lp_jax.config.yaml_io import ConfigError, from_dict
-
     if not isinstance(meta.get("config"), dict):
-        raise RunFolderError(f"{path}: the checkpoint's meta item holds no run config")
+        raise UserError(f"{path}: the checkpoint's meta item holds no run config")
     try:
         return from_dict(TrainConfig, meta["config"])
-    except ConfigError as e:
-        raise RunFolderError(f"{path}: the checkpoint's run config no longer loads: {e}") from None
+    except UserError as e:
+        raise UserError(f"{path}: the checkpoint's run config no longer loads: {e}") from None
 
 
 def _model_config(meta: dict, config, path: str):
     """The model the checkpoint records; for a checkpoint that records none (written before
     the loop recorded it), the one its saved config builds from the preset."""
-    from lp_jax.config.yaml_io import ConfigError
-    from lp_jax.runs.architecture import preset_model_config, run_tokenizer
-    from models.config import config_from_dict
-
     try:
         if isinstance(meta.get("model"), dict):
             return config_from_dict(meta["model"])
@@ -146,44 +140,46 @@ def _model_config(meta: dict, config, path: str):
             raise ValueError("the checkpoint records no model, and the run started from other "
                              "weights, whose architecture its config does not hold")
         return preset_model_config(config, run_tokenizer(config))
-    except (ConfigError, TypeError, ValueError) as e:
-        raise RunFolderError(f"{path}: cannot rebuild the run's model: {_one_line(e)}") from None
+    except (UserError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: cannot rebuild the run's model: {one_line(e)}") from None
 
 
-def restore_model(saved: SavedRun, compute_dtype=None):
+def restore_model(saved: SavedRun, compute_dtype=None, architecture_only: bool = False):
     """The model of the checkpoint with its FP32 master weights (the optimizer moments are
-    never read); computes in ``compute_dtype`` (default float32)."""
-    import jax.numpy as jnp
-    from flax import nnx
+    never read); computes in ``compute_dtype`` (default float32). ``architecture_only``
+    rebuilds it from ``models.config.ARCHITECTURE_FIELDS`` alone, leaving the run's remat
+    policy and attention kernel (choices of the training program) at their defaults."""
 
-    from lp_jax.runs.model_state import LoadError, restore_model_state
-    from models.llama import Llama
-
-    cfg = saved.model_config.replace(dtype=jnp.dtype(compute_dtype or jnp.float32))
+    dtype = jnp.dtype(compute_dtype or jnp.float32)
+    cfg = (architecture(saved.model_config, dtype=dtype, param_dtype=jnp.float32) if architecture_only
+           else saved.model_config.replace(dtype=dtype))
     abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
     try:
         model, _ = restore_model_state(abstract, saved.checkpoint_dir, saved.step)
-    except (LoadError, ValueError) as e:
-        raise RunFolderError(f"{saved.source}: {_one_line(e)}") from None
+    except (UserError, ValueError) as e:
+        raise UserError(f"{saved.source}: {one_line(e)}") from None
     return model
 
 
 def open_and_restore(path: str, step: int | None = None, as_trained: bool = False,
-                     warn: Callable[[str], Any] | None = None) -> tuple[SavedRun, Any]:
+                     warn: Callable[[str], Any] | None = None, compute_dtype=None,
+                     architecture_only: bool = False) -> tuple[SavedRun, Any]:
     """(``open_run``, ``restore_model``) of the checkpoint at ``step``, or, with no step
     named (by ``step`` or by a step folder as ``path``), of the newest checkpoint that
     restores: newer damaged ones are skipped with a warning, left as they are. The model
-    computes in float32, or ``as_trained`` in the run's own model.dtype."""
+    computes in ``compute_dtype`` (default float32), or ``as_trained`` in the run's own
+    model.dtype."""
     checkpoint_dir, named_step = _locate(path)
 
     def attempt(s: int | None):
         saved = open_run(path, s)
-        return saved, restore_model(saved, saved.config.model.dtype if as_trained else None)
+        dtype = saved.config.model.dtype if as_trained else compute_dtype
+        return saved, restore_model(saved, dtype, architecture_only)
 
     if step is not None or named_step is not None:
         return attempt(step)
     if not os.path.isdir(checkpoint_dir):
-        raise RunFolderError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
+        raise UserError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
 
     return newest_restorable(checkpoint_dir, attempt, warn)
 
@@ -191,35 +187,31 @@ def open_and_restore(path: str, step: int | None = None, as_trained: bool = Fals
 def newest_restorable(checkpoint_dir: str, attempt: Callable[[int], Any],
                       warn: Callable[[str], Any] | None = None) -> Any:
     """``attempt(step)`` for the checkpoint folder's steps, newest first, until one does not
-    raise RunFolderError (or the evaluator's LoadError): a read-only tool's fallback over
-    damaged checkpoints (the trainer's own, which also sets them aside, is
-    the run checkpointer's restore_newest). Each one skipped is a warning (stderr by
-    default); with none left, RunFolderError names every step and why."""
-    from lp_jax.runs.model_state import LoadError
-
+    raise UserError: a read-only tool's fallback over damaged checkpoints (the trainer's
+    own, which also sets them aside, is the run checkpointer's restore_newest). Each one
+    skipped is a warning (stderr by default); with none left, UserError names every step
+    and why."""
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
     skipped = []
     for step in reversed(saved_steps(checkpoint_dir)):
         try:
             result = attempt(step)
-        except (RunFolderError, LoadError) as e:
+        except UserError as e:
             # The reason without the "<folder> step N: " its message starts with.
-            skipped.append((step, re.sub(rf"^.*?step {step}: ", "", _one_line(e), count=1)))
+            skipped.append((step, re.sub(rf"^.*?step {step}: ", "", one_line(e), count=1)))
             continue
         for bad, why in skipped:
             warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored ({why}); "
                  f"skipped (left as it is), using step {step}")
         return result
-    raise RunFolderError(f"{checkpoint_dir}: no checkpoint restores: "
-                         + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
+    raise UserError(f"{checkpoint_dir}: no checkpoint restores: "
+                    + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
 
 
 def saved_steps(checkpoint_dir: str) -> list[int]:
-    """The checkpoint folder's steps, oldest first (RunFolderError when it has none)."""
-    import orbax.checkpoint as ocp
-
+    """The checkpoint folder's steps, oldest first (UserError when it has none)."""
     if not os.path.isdir(checkpoint_dir):
-        raise RunFolderError(f"{checkpoint_dir}: no checkpoint folder")
+        raise UserError(f"{checkpoint_dir}: no checkpoint folder")
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
         return _steps(manager, checkpoint_dir)
@@ -228,10 +220,6 @@ def saved_steps(checkpoint_dir: str) -> list[int]:
 def _steps(manager, checkpoint_dir: str) -> list[int]:
     steps = sorted(manager.all_steps())
     if not steps:
-        raise RunFolderError(f"no checkpoint saved yet in {checkpoint_dir}")
+        raise UserError(f"no checkpoint saved yet in {checkpoint_dir}")
     return steps
 
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= 300 else text[:300] + "..."  # Orbax lists every key

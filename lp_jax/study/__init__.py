@@ -7,6 +7,13 @@ and memory per component, in one report folder.
 
 docs/study.md describes the report and how each number is measured.
 """
-from lp_jax.study.study import DEFAULT_PRECISIONS, StudyOptions, run_study
+from typing import TYPE_CHECKING
 
-__all__ = ["DEFAULT_PRECISIONS", "StudyOptions", "run_study"]
+from lp_jax.exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "lp_jax.study.study": ("DEFAULT_PRECISIONS", "StudyOptions", "run_study"),
+}, globals())
+
+if TYPE_CHECKING:
+    from lp_jax.study.study import DEFAULT_PRECISIONS, StudyOptions, run_study

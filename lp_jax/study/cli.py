@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command=shlex.join(["python", "-m", "lp_jax.study",
                                 *(sys.argv[1:] if argv is None else argv)]))
         plan_seeds(options)  # every config error before anything trains
-    except (ValueError, DataPackageError) as e:  # ConfigError is a ValueError
+    except (ValueError, DataPackageError) as e:  # UserError is a ValueError
         print(f"python -m lp_jax.study: error: {e}", file=sys.stderr)
         return 2
     say = lambda line: print(line, flush=True)  # noqa: E731 - progress reaches nohup logs at once

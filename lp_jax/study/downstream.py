@@ -11,6 +11,9 @@ import json
 import os
 import pathlib
 
+from lp_jax.evaluation import LoglikelihoodScorer, evaluate, load_from_run_dir
+from lp_jax.study.runs import checkpoint_steps
+
 CACHE_NAME = "study_eval.json"
 DEFAULT_TASKS = ("hellaswag", "arc_challenge", "winogrande", "mmlu")
 DEFAULT_LIMIT = 50  # documents per task (per subject for MMLU): a CPU study stays cheap
@@ -19,9 +22,6 @@ DEFAULT_LIMIT = 50  # documents per task (per subject for MMLU): a CPU study sta
 def evaluate_run(run_dir: str | os.PathLike, tasks: list[str], limit: int | None, shots: int,
                  batch_size: int = 16) -> dict:
     """{"step", "settings", "results": {task: {acc, acc_norm, *_stderr, n, ...}}}."""
-    from lp_jax.evaluation import LoglikelihoodScorer, evaluate, load_from_run_dir
-
-    from lp_jax.study.runs import checkpoint_steps
 
     run_dir = pathlib.Path(run_dir)
     settings = {"tasks": list(tasks), "limit": limit, "shots": shots}

@@ -23,8 +23,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax._src.ad_checkpoint import saved_residuals  # what print_saved_residuals prints
 
+import lp_jax
 from lp_jax.config.schema import TrainConfig
+from lp_jax.parallel.mesh import make_mesh
+from lp_jax.parallel.partitioning import batch_sharding
+from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
+from lp_jax.training.state import abstract_state, split_model
+from lp_jax.training.step import StepSpec, forward_nll, jitted_train_step
+from lp_jax.training.validate import resolve
+from models import llama
 
 
 def dtype_bits(dtype) -> int:
@@ -54,13 +64,9 @@ def _micro_batch(batch: int, seq_len: int) -> dict:
 
 
 def _residuals(graphdef, params, rest, batch: int, seq_len: int) -> list[tuple]:
-    from jax._src.ad_checkpoint import saved_residuals  # what print_saved_residuals prints
 
     # The trainer's own micro-batch forward (same model call, recipe and loss), on one
     # device: activations are counted per device and micro-batch.
-    from lp_jax.parallel.mesh import make_mesh
-    from lp_jax.training.step import forward_nll
-
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
     def loss(p, micro, key):
@@ -99,9 +105,6 @@ def residual_breakdown(graphdef, params, rest, micro_batch: int, seq_len: int) -
 def xla_step_memory(plan, graphdef, state, mesh) -> dict:
     """memory_analysis() of the compiled train step, compiled exactly as the trainer does
     (its jit, in/out shardings and donation), from abstract inputs."""
-    from lp_jax.parallel.partitioning import batch_sharding
-    from lp_jax.training.step import StepSpec, jitted_train_step
-
     cfg = plan.config
     spec = StepSpec.from_plan(plan, mesh)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -123,14 +126,6 @@ def xla_step_memory(plan, graphdef, state, mesh) -> dict:
 
 def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     """Bytes per component for one run config (nothing is allocated; `xla` compiles)."""
-    from flax import nnx
-    from models import llama
-
-    import lp_jax
-    from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
-    from lp_jax.parallel.mesh import make_mesh
-    from lp_jax.training.state import abstract_state, split_model
-    from lp_jax.training.validate import resolve
 
     plan = resolve(config)
     model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(config.seed)))

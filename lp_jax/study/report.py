@@ -7,17 +7,21 @@ import os
 import pathlib
 import time
 
+import lp_jax
+from lp_jax.evaluation.mmlu import SUBJECTS
 from lp_jax.study import curves, plots, seeds, throughput
-from lp_jax.study.tables import fmt as _fmt, pct as _pct, table as _table
+from lp_jax.study.tables import fmt as _fmt
+from lp_jax.study.tables import pct as _pct
+from lp_jax.study.tables import table as _table
 from lp_jax.study.tables import table1, table2, table3
 from lp_jax.study.variants import REFERENCE, TARGETS
+from lp_jax.training.validate import resolve
+from models.config import count_params
 
 CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
 
 
 def _policy(variant) -> str:
-    import lp_jax
-
     if variant.recipe == "bf16":
         return "-"
     try:
@@ -100,9 +104,6 @@ def _tokens(count: float) -> str:
 
 
 def _setup_lines(entries: list[dict], options) -> list[str]:
-    from models.config import count_params
-
-    from lp_jax.training.validate import resolve
 
     config = entries[0]["config"]
     model = resolve(config).model_config
@@ -147,7 +148,6 @@ def _eval_summary(result: dict | None, run_dir: str) -> dict | None:
     evaluation loaded (``LoadedModel.source``), which must not reach the report."""
     if not result:
         return result
-    from lp_jax.evaluation.mmlu import SUBJECTS
 
     subjects = {f"mmlu_{s}" for s in SUBJECTS}
     kept = {k: v for k, v in result.get("results", {}).items() if k not in subjects}

@@ -21,8 +21,8 @@ from typing import Callable
 import yaml
 
 from lp_jax.config.schema import TrainConfig
-from lp_jax.config.yaml_io import (SESSION_KEYS, changed_keys, dump_yaml, to_dict,
-                                       with_defaults)
+from lp_jax.config.yaml_io import SESSION_KEYS, changed_keys, dump_yaml, to_dict, with_defaults
+from lp_jax.runs.run_folder import checkpoint_folder
 from lp_jax.training.metrics import read_metrics
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ class RunStatus:
 
 def checkpoint_steps(run_dir: str | os.PathLike) -> list[int]:
     """Committed checkpoint steps (Orbax names a finished one by its step alone)."""
-    folder = pathlib.Path(run_dir) / "checkpoints"
+    folder = pathlib.Path(checkpoint_folder(os.fspath(run_dir)))
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())

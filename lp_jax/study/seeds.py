@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from lp_jax.study import stats
+from lp_jax.study.tables import table
 from lp_jax.study.variants import REFERENCE, TARGETS, TWIN
-
 
 
 def summarize(per_seed: Mapping[int, Mapping[str, dict]]) -> dict:
@@ -67,8 +67,6 @@ def _mean_ci(s: Mapping) -> str:
 
 def markdown(summary: Mapping[str, dict], seeds: list[int], figure: str | None) -> list[str]:
     """The report's section on the seeds."""
-    from lp_jax.study.tables import table
-
     lines = ["## Across seeds", "",
              f"Seeds {', '.join(map(str, seeds))}: within a seed every run starts from the same "
              "weights and reads the same batches, so each gap is paired with the BF16 run of "

@@ -15,14 +15,22 @@ import signal
 import time
 from typing import Callable
 
+from lp_jax.config.yaml_io import apply_overrides
+from lp_jax.errors import UserError
 from lp_jax.study import curves, downstream, memory, runs, throughput
 from lp_jax.study.report import write_report
-from lp_jax.study.variants import (DEFAULT_PRECISIONS, Variant, ablation_variants,
-                                   nvfp4_reference, parse_precisions, twin_variant,
-                                   variant_config)
+from lp_jax.study.variants import (
+    DEFAULT_PRECISIONS,
+    Variant,
+    ablation_variants,
+    nvfp4_reference,
+    parse_precisions,
+    twin_variant,
+    variant_config,
+)
 from lp_jax.training.api import load
-from lp_jax.config.yaml_io import ConfigError, apply_overrides
 from lp_jax.training.metrics import read_metrics
+from lp_jax.training.validate import resolve
 
 
 @dataclasses.dataclass
@@ -68,8 +76,6 @@ def plan_variants(options: StudyOptions, seed: int | None = None) -> list[tuple[
     """(variant, its TrainConfig) for every run of one seed (None: the config's seed, run
     folders straight under the runs folder; else under `seed<k>/`); config errors raise
     before any training."""
-    from lp_jax.training.validate import resolve
-
     common, own = split_overrides(options.overrides)
     base = load(options.config, *common, *([] if seed is None else [f"seed={seed}"]))
     variants = parse_precisions(options.precisions)
@@ -79,8 +85,8 @@ def plan_variants(options: StudyOptions, seed: int | None = None) -> list[tuple[
         variants.append(twin_variant(base))
     unknown = sorted(set(own) - {v.name for v in variants})
     if unknown:
-        raise ConfigError(f"override for {unknown[0]!r}, which is not a run of this study "
-                          f"(runs: {', '.join(v.name for v in variants)})")
+        raise UserError(f"override for {unknown[0]!r}, which is not a run of this study "
+                        f"(runs: {', '.join(v.name for v in variants)})")
     runs_dir = pathlib.Path(options.runs_dir) if options.runs_dir else report_dir(options) / "runs"
     if seed is not None:
         runs_dir = runs_dir / f"seed{seed}"
@@ -90,13 +96,13 @@ def plan_variants(options: StudyOptions, seed: int | None = None) -> list[tuple[
             config = variant_config(base, variant, str(runs_dir / variant.name))
             config = apply_overrides(config, own.get(variant.name, []))
             plan = resolve(config)
-        except ConfigError as e:
-            raise ConfigError(f"precision {variant.name}: {e}") from None
+        except UserError as e:
+            raise UserError(f"precision {variant.name}: {e}") from None
         recipe, layers = plan.phases[0].recipe, plan.model_config.num_layers
         if recipe.quantized and recipe.first_bf16_layers + recipe.last_bf16_layers >= layers:
             # The trainer allows it (with a warning); in a study it would be a BF16 run
             # under another name.
-            raise ConfigError(
+            raise UserError(
                 f"precision {variant.name}: layer policy {recipe.policy} keeps all {layers} "
                 f"layers in BF16, so nothing would be quantized; give a policy that fits, "
                 f"e.g. {variant.recipe}:F0L1")

@@ -14,7 +14,8 @@ import re
 from typing import Any
 
 from lp_jax.config.schema import PrecisionConfig, TrainConfig
-from lp_jax.config.yaml_io import ConfigError, apply_overrides
+from lp_jax.config.yaml_io import apply_overrides
+from lp_jax.errors import UserError
 
 RECIPES = ("bf16", "fp8_cs", "mxfp8", "nvfp4")
 DEFAULT_PRECISIONS = ",".join(RECIPES)
@@ -60,23 +61,23 @@ def parse_precisions(text: str) -> list[Variant]:
         recipe, _, policy = item.partition(":")
         recipe = recipe.lower()
         if recipe not in RECIPES:
-            raise ConfigError(f"--precisions: unknown precision {recipe!r}; allowed: "
-                              f"{', '.join(RECIPES)} (optionally with a policy, e.g. nvfp4:F0L1)")
+            raise UserError(f"--precisions: unknown precision {recipe!r}; allowed: "
+                            f"{', '.join(RECIPES)} (optionally with a policy, e.g. nvfp4:F0L1)")
         overrides, name, label = {}, recipe, LABELS[recipe]
         if policy:
             match = POLICY.match(policy)
             if not match:
-                raise ConfigError(f"--precisions: bad layer policy {policy!r} in {item!r}; "
-                                  "expected FiLj, e.g. F0L1")
+                raise UserError(f"--precisions: bad layer policy {policy!r} in {item!r}; "
+                                "expected FiLj, e.g. F0L1")
             overrides = {"first_bf16_layers": int(match[1]), "last_bf16_layers": int(match[2])}
             name, label = f"{recipe}_{policy.lower()}", f"{label} {policy.upper()}"
         if name in seen:
-            raise ConfigError(f"--precisions: {item!r} is listed twice")
+            raise UserError(f"--precisions: {item!r} is listed twice")
         seen.add(name)
         variants.append(Variant(name, label, recipe, overrides, "precisions"))
     if not any(v.recipe == REFERENCE and not v.precision for v in variants):
-        raise ConfigError(f"--precisions {text!r} must include {REFERENCE} (the reference for "
-                          "gaps and speed-ups)")
+        raise UserError(f"--precisions {text!r} must include {REFERENCE} (the reference for "
+                        "gaps and speed-ups)")
     return variants
 
 
@@ -116,9 +117,9 @@ def twin_variant(base: TrainConfig) -> Variant:
     elif batch % (2 * micro) == 0:
         twin = 2 * micro
     else:
-        raise ConfigError(f"no BF16 twin for micro_batch_size={micro}, global_batch_size={batch}: "
-                          "it needs an even micro-batch or a global batch divisible by twice it "
-                          "(or pass --no-twin)")
+        raise UserError(f"no BF16 twin for micro_batch_size={micro}, global_batch_size={batch}: "
+                        "it needs an even micro-batch or a global batch divisible by twice it "
+                        "(or pass --no-twin)")
     return Variant(TWIN, f"BF16 twin (micro-batch {twin})", REFERENCE, {}, "twin",
                    (f"data.micro_batch_size={twin}",))
 
@@ -130,8 +131,8 @@ def variant_config(base: TrainConfig, variant: Variant, run_dir: str) -> TrainCo
     progress lines) and the checkpoint folder is the run's own.
     """
     if base.precision_schedule:
-        raise ConfigError("precision_schedule is set in the study's config: a study compares "
-                          "fixed recipes; remove it (precision_schedule=[])")
+        raise UserError("precision_schedule is set in the study's config: a study compares "
+                        "fixed recipes; remove it (precision_schedule=[])")
     config = dataclasses.replace(
         base, run_dir=run_dir, precision=variant.precision_config(),
         checkpoint=dataclasses.replace(base.checkpoint, dir=None),

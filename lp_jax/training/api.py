@@ -24,9 +24,13 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from lp_jax.recipes import BRIDGE_NAMES
 from lp_jax.config.schema import TrainConfig
-from lp_jax.config.yaml_io import ConfigError, apply_overrides, load_config, set_dotted
+from lp_jax.config.yaml_io import apply_overrides, load_config, set_dotted
+from lp_jax.errors import UserError
+from lp_jax.parallel.distributed import maybe_initialize
+from lp_jax.recipes import BRIDGE_NAMES
+from lp_jax.training.loop import run
+from lp_jax.training.validate import resolve
 
 BRIDGE_RECIPES = BRIDGE_NAMES  # Megatron Bridge's mixed-precision recipe names -> ours
 
@@ -55,11 +59,11 @@ def llama3_8b_low_precision_pretrain_config(
     in the given precision.
 
     With no ``data_paths`` (or ``mock=True``) the data are Bridge's mock data: random
-    tokens, for benchmarks. Raises ConfigError (a ValueError) for an unknown recipe or key.
+    tokens, for benchmarks. Raises UserError (a ValueError) for an unknown recipe or key.
     """
     if mixed_precision_recipe not in BRIDGE_RECIPES:
-        raise ConfigError(f"mixed_precision_recipe={mixed_precision_recipe!r} is not one of "
-                          f"{', '.join(BRIDGE_RECIPES)}")
+        raise UserError(f"mixed_precision_recipe={mixed_precision_recipe!r} is not one of "
+                        f"{', '.join(BRIDGE_RECIPES)}")
     use_mock = mock or not data_paths
     run_dir = os.path.join(dir if dir is not None else "runs", name)
     config = load_config(None, [
@@ -104,10 +108,6 @@ def load(path: str, *items: str) -> TrainConfig:
 
 def pretrain(config: TrainConfig):
     """Validates and runs ``config`` (resuming from its run folder's latest checkpoint, if
-    any) and returns the RunResult. Config problems raise ConfigError before compiling."""
-    from lp_jax.parallel.distributed import maybe_initialize
-    from lp_jax.training.loop import run
-    from lp_jax.training.validate import resolve
-
+    any) and returns the RunResult. Config problems raise UserError before compiling."""
     maybe_initialize(config.distributed)
     return run(resolve(config))

@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Sequence
 
-from lp_jax.config.yaml_io import ConfigError, dump_yaml, load_config
+from lp_jax.config.yaml_io import dump_yaml, load_config
+from lp_jax.errors import UserError
 
 EXIT_CONFIG_ERROR = 2  # bad input: the config, or the files and folders it names
 EXIT_STOPPED = 1  # the run stopped before its end: non-finite steps, a checkpoint not written
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         maybe_initialize(config.distributed)  # before JAX counts the devices
 
         plan = resolve(config)
-    except ConfigError as e:
+    except UserError as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     if args.check:
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = run(plan)
-    except ConfigError as e:  # found once the run opens its data and checkpoints
+    except UserError as e:  # found once the run opens its data and checkpoints
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     except (NonFiniteLossError, CheckpointWriteError) as e:

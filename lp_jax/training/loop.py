@@ -19,20 +19,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
-from lp_jax.training.quant_stats import QuantStatsProbe
+import lp_jax
+from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
-from lp_jax.runs import init_weights
-from lp_jax.training import metrics as metrics_lib
-from lp_jax.runs.checkpoint import (DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError,
-                                       abstract_like)
-from lp_jax.config.yaml_io import ConfigError, changed_keys, dump_yaml, to_dict, with_defaults
+from lp_jax.errors import UserError
 from lp_jax.parallel.distributed import is_primary
-from lp_jax.training.optimizer import make_optimizer
+from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
+from lp_jax.runs import init_weights
+from lp_jax.runs.checkpoint import DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError, abstract_like
+from lp_jax.training import metrics as metrics_lib
+from lp_jax.training.optimizer import make_optimizer
+from lp_jax.training.quant_stats import QuantStatsProbe
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
+from models import llama
 
 
 class NonFiniteLossError(RuntimeError):
@@ -69,7 +73,6 @@ class _StopSignal:
         per step), so they all save the same step and none waits for the others forever."""
         if jax.process_count() == 1:
             return
-        from jax.experimental import multihost_utils
 
         flags = multihost_utils.process_allgather(np.int32(self.received is not None))
         if self.received is None and np.any(flags):
@@ -143,8 +146,6 @@ class _Run:
 def build(plan: Plan) -> _Run:
     """Everything before step 1: data (checked first, so a bad file leaves no run folder
     behind), the run folder, the checkpointer, the state (restored or fresh), the step."""
-    from models import llama
-
     cfg = plan.config
     primary = is_primary()  # process 0 writes the run folder's files and prints
     say = _Console(primary)
@@ -213,13 +214,13 @@ def build(plan: Plan) -> _Run:
 def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is
     none yet; a folder whose checkpoints all fail, or that holds another model, is a
-    ConfigError (one line naming it), never a fresh start over the user's checkpoints."""
+    UserError (one line naming it), never a fresh start over the user's checkpoints."""
     cfg = plan.config
 
     def same_model(step, meta):
         changes = model_shape_changes(meta.get("config", {}), plan)
         if changes:
-            raise ConfigError(
+            raise UserError(
                 f"checkpoint {step} in {ckpt.directory!r} is of another model: "
                 f"{', '.join(changes)}; model keys cannot change on resume (precision, mesh "
                 "and schedule can): use another run_dir for this model")
@@ -230,9 +231,9 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
             + (f"; set aside as {step}{DAMAGED_SUFFIX}" if found.step is not None else ""))
     if found.step is None:
         if found.skipped:
-            raise ConfigError(f"checkpoint.dir: no checkpoint in {ckpt.directory!r} can be "
-                              f"restored (steps {', '.join(str(s) for s, _ in found.skipped)}); "
-                              "move the folder aside to start afresh")
+            raise UserError(f"checkpoint.dir: no checkpoint in {ckpt.directory!r} can be "
+                            f"restored (steps {', '.join(str(s) for s, _ in found.skipped)}); "
+                            "move the folder aside to start afresh")
         return 0, None
     say(f"resumed from step {found.step} ({ckpt.directory})")
     changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
@@ -246,9 +247,6 @@ def _with_recipe(model, phase: Phase, say, mesh, tp_reduce_dtype: str) -> Any:
     """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
     bytes where precision.param_gather says so, tensor-parallel reductions in
     mesh.tp_reduce_dtype) and returns its graphdef."""
-    import lp_jax
-    from lp_jax.parallel.linear_layout import LinearLayout
-
     report = lp_jax.apply_recipe(model, phase.recipe, layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     say(str(report).splitlines()[0])
     if report.gathered:
@@ -373,8 +371,6 @@ def _record(r: _Run, step: int, values: dict) -> None:
 
 
 def _save(r: _Run, step: int) -> None:
-    from models import llama  # deferred as in build()
-
     to_save = r.state
     if r.device.platform == "cpu":
         # CPU arrays may be shared zero-copy with the writer thread; the next step

@@ -28,6 +28,8 @@ import pathlib
 import sys
 from typing import Any
 
+from tqdm import tqdm
+
 from lp_jax.recipes import RECIPES
 from lp_jax.runs.jsonl import read_jsonl
 from models.config import flops_per_token, matmul_params  # noqa: F401  (re-exported)
@@ -132,8 +134,6 @@ class Progress:
     def __init__(self, total: int, initial: int, enabled: bool):
         self._bar = None
         if enabled:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
                              file=sys.stderr)
 

@@ -1,7 +1,7 @@
 """Checks a TrainConfig against the model, the recipes, the devices and the data, and
 resolves it into a Plan, before anything is compiled.
 
-Every problem is a ConfigError with one line naming the key, the bad value and what is
+Every problem is a UserError with one line naming the key, the bad value and what is
 allowed; train.py prints it and exits with status 2.
 """
 from __future__ import annotations
@@ -10,9 +10,21 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
+
+import lp_jax
 from lp_jax.config.schema import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
-from lp_jax.config.yaml_io import ConfigError, from_dict
+from lp_jax.config.yaml_io import from_dict
+from lp_jax.data import shards
+from lp_jax.data.prepare_data import split_by_file, text_files
+from lp_jax.errors import UserError, one_line
+from lp_jax.gemm import backends
+from lp_jax.parallel import mesh_checks
+from lp_jax.parallel.mesh import mesh_shape
+from lp_jax.runs import init_weights
 from lp_jax.runs.architecture import preset_model_config, run_tokenizer
+from lp_jax.runs.run_folder import checkpoint_folder
+from lp_jax.runs.writable import write_problem
 from models.config import SHAPE_FIELDS
 
 SOURCES = ("text", "tokens", "mock")
@@ -60,11 +72,10 @@ def resolve(config: TrainConfig) -> Plan:
     data_parallel, fsdp, tensor = _mesh(config)
     per_pass = config.data.micro_batch_size * data_parallel * fsdp
     if config.data.global_batch_size % per_pass:
-        raise ConfigError(
+        raise UserError(
             f"data.global_batch_size={config.data.global_batch_size} is not divisible by "
             f"data.micro_batch_size x data-parallel ranks (mesh.data x mesh.fsdp) = "
             f"{config.data.micro_batch_size} x {data_parallel * fsdp} = {per_pass}")
-    from lp_jax.parallel import mesh_checks
 
     mesh_checks.check_heads(model_config, tensor)
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
@@ -74,8 +85,6 @@ def resolve(config: TrainConfig) -> Plan:
     _check_run_folders(config)
     return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
                 config.data.global_batch_size // per_pass, tensor)
-
-
 
 
 def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
@@ -89,7 +98,7 @@ def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
         same_tokens = (config.data.source, config.data.tokenizer) == (
             plan.config.data.source, plan.config.data.tokenizer)
         saved_model = _model_config(config, plan.tokenizer if same_tokens else run_tokenizer(config))
-    except (ConfigError, TypeError, ValueError):
+    except (UserError, TypeError, ValueError):
         return []
     return [f"model.{f} (checkpoint {getattr(saved_model, f)}, now {getattr(plan.model_config, f)})"
             for f in SHAPE_FIELDS if getattr(saved_model, f) != getattr(plan.model_config, f)]
@@ -97,7 +106,7 @@ def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
 
 def _fail_unless(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{key}={value!r} is invalid: {allowed}")
+        raise UserError(f"{key}={value!r} is invalid: {allowed}")
 
 
 def _check_scalars(c: TrainConfig) -> None:
@@ -159,8 +168,6 @@ def model_config(c: TrainConfig):
 
 def _model_config(c: TrainConfig, tokenizer):
     if c.init.hf or c.init.checkpoint:
-        from lp_jax.runs import init_weights
-
         cfg = init_weights.model_config(c, tokenizer)  # the architecture of those weights
     else:
         cfg = preset_model_config(c, tokenizer)
@@ -185,9 +192,6 @@ def _phases(c: TrainConfig, num_layers: int) -> list[Phase]:
 
 
 def _recipe(p: PrecisionConfig, key: str, num_layers: int):
-    import lp_jax
-    from lp_jax.gemm import backends
-
     overrides = p.overrides()
     overrides.pop("from_step", None)
     for name in ("first_bf16_layers", "last_bf16_layers"):
@@ -204,28 +208,22 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
         if backends.resolved(recipe) != "auto":
             backends.check_platforms(backends.resolved(recipe), (backends.current_platform(),))
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{key}: {_one_line(e)}") from None
+        raise UserError(f"{key}: {one_line(e)}") from None
     # The recipe's own FiLj defaults (NVFP4 keeps the last 4 layers in BF16) must fit too.
     first, last = recipe.first_bf16_layers, recipe.last_bf16_layers
     if recipe.quantized and first + last > num_layers:
-        raise ConfigError(f"{key}: layer policy {recipe.policy} of recipe {p.recipe!r} keeps "
-                          f"{first + last} layers in BF16 but the model has {num_layers}; set "
-                          f"{key}.first_bf16_layers / {key}.last_bf16_layers (sum <= {num_layers})")
+        raise UserError(f"{key}: layer policy {recipe.policy} of recipe {p.recipe!r} keeps "
+                        f"{first + last} layers in BF16 but the model has {num_layers}; set "
+                        f"{key}.first_bf16_layers / {key}.last_bf16_layers (sum <= {num_layers})")
     return recipe
 
 
 def _mesh(c: TrainConfig) -> tuple[int, int, int]:
-    import jax
-
-    from lp_jax.parallel.mesh import mesh_shape
 
     return mesh_shape(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jax.device_count())
 
 
 def _check_data(c: TrainConfig) -> None:
-    from lp_jax.data import shards
-    from lp_jax.data.prepare_data import split_by_file, text_files
-
     d = c.data
     if d.source == "text":
         for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
@@ -235,45 +233,40 @@ def _check_data(c: TrainConfig) -> None:
                     if key == "data.paths" and not d.val_paths:
                         split_by_file(files, root, d.val_fraction)  # one file cannot be split
                 except ValueError as e:
-                    raise ConfigError(f"{key}: {e}") from None
+                    raise UserError(f"{key}: {e}") from None
     elif d.source == "tokens":
         if not d.paths:
-            raise ConfigError("data.paths is empty: data.source=tokens needs token shard globs "
-                              "(python -m lp_jax.data.prepare_data writes them)")
+            raise UserError("data.paths is empty: data.source=tokens needs token shard globs "
+                            "(python -m lp_jax.data.prepare_data writes them)")
         for key, globs in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
             found = shards.expand_globs(globs)
             if globs and not found:
-                raise ConfigError(f"{key}: no file matches {', '.join(map(repr, globs))}")
+                raise UserError(f"{key}: no file matches {', '.join(map(repr, globs))}")
             bad = [f for f in found if not f.endswith(shards.SHARD_SUFFIXES)]
             if bad:
-                raise ConfigError(f"{key}: {bad[0]!r} is not a .npy or .bin token shard")
+                raise UserError(f"{key}: {bad[0]!r} is not a .npy or .bin token shard")
             for f in found:
                 meta = shards.read_meta(f)
                 if meta and meta.get("tokenizer") != d.tokenizer:
-                    raise ConfigError(f"{key}: shards in {os.path.dirname(f)!r} were made with "
-                                      f"tokenizer {meta.get('tokenizer')!r}, but data.tokenizer "
-                                      f"is {d.tokenizer!r}")
+                    raise UserError(f"{key}: shards in {os.path.dirname(f)!r} were made with "
+                                    f"tokenizer {meta.get('tokenizer')!r}, but data.tokenizer "
+                                    f"is {d.tokenizer!r}")
 
 
 def _check_run_folders(c: TrainConfig) -> None:
     """The run folder and the checkpoint folder take files (a probe write, before hours of
     training end in a save that cannot happen), and a fresh run finds no checkpoints."""
-    from lp_jax.runs.writable import write_problem
-
     directory = checkpoint_dir(c)
     for key, folder in (("run_dir", c.run_dir), ("checkpoint.dir", directory)):
         problem = write_problem(folder)
         if problem:
-            raise ConfigError(f"{key}: {problem}")
+            raise UserError(f"{key}: {problem}")
     if not c.checkpoint.resume and os.path.isdir(directory) and any(
             name.isdigit() for name in os.listdir(directory)):
-        raise ConfigError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
-                          "choose another run_dir or remove them")
+        raise UserError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
+                        "choose another run_dir or remove them")
 
 
 def checkpoint_dir(c: TrainConfig) -> str:
-    return c.checkpoint.dir or os.path.join(c.run_dir, "checkpoints")
+    return checkpoint_folder(c.run_dir, c.checkpoint.dir)
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
