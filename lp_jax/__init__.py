@@ -27,6 +27,14 @@ if TYPE_CHECKING:
     from lp_jax.numerics.hadamard import hadamard
     from lp_jax.numerics.quantize import FORMATS, QuantizedTensor, dequantize
     from lp_jax.quantizer import quantize
-    from lp_jax.recipes import (BF16, RECIPES, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling,
-                                OperandSpec, Recipe, get_recipe)
+    from lp_jax.recipes import (
+        BF16,
+        RECIPES,
+        Float8CurrentScaling,
+        MXFP8BlockScaling,
+        NVFP4BlockScaling,
+        OperandSpec,
+        Recipe,
+        get_recipe,
+    )
     from lp_jax.surgery.swap import SwapReport, apply_recipe

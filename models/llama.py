@@ -24,8 +24,19 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
-    ATTENTION_IMPLS, PRESETS, REMAT_POLICIES, Llama3RopeScaling, LlamaConfig, count_params,
-    config_from_dict, config_to_dict, flops_per_token, matmul_params, output_init_std, preset)
+    ATTENTION_IMPLS,
+    PRESETS,
+    REMAT_POLICIES,
+    Llama3RopeScaling,
+    LlamaConfig,
+    config_from_dict,
+    config_to_dict,
+    count_params,
+    flops_per_token,
+    matmul_params,
+    output_init_std,
+    preset,
+)
 from models.embedding_lookup import embedding_lookup
 from models.layer_scope import layer_scope
 from models.layers import BLD, Block, RMSNorm, rope_tables

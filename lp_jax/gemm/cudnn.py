@@ -25,8 +25,15 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.operands import (Pending, Transposed, apply_factors, quantize_kwargs, stored, transformed,
-                                  uses_pallas)
+from lp_jax.gemm.operands import (
+    Pending,
+    Transposed,
+    apply_factors,
+    quantize_kwargs,
+    stored,
+    transformed,
+    uses_pallas,
+)
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor
 from lp_jax.quantizer import quantize

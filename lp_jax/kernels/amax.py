@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
 from jax import lax
 
 from lp_jax.kernels.launch import SMEM_LANES, Block, tiled_kernel

@@ -19,8 +19,7 @@ from lp_jax.kernels.pallas_fp8 import fp8_cast
 from lp_jax.kernels.pallas_nvfp4 import nvfp4_copies, nvfp4_tile_copy, nvfp4_tiling, tile_2d_tiling
 from lp_jax.kernels.tiles import WGMMA_TILE_MULTIPLE, pad, tiling
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (NVFP4_BLOCK, QuantizedTensor, nvfp4_tensor_scale,
-                                      tensor_scale_fp8)
+from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor, nvfp4_tensor_scale, tensor_scale_fp8
 
 
 def scale_codes(scales, fmt):

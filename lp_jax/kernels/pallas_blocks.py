@@ -21,7 +21,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 

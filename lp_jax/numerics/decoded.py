@@ -19,10 +19,23 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, block_amax, from_tiles,
-                                      mxfp8_blocks, mxfp8_decode_factors, nvfp4_block_encoding,
-                                      nvfp4_encode_values, nvfp4_tensor_scale, quantize_per_tensor,
-                                      to_blocks, to_blocks_in_place, to_tiles, unblocked)
+from lp_jax.numerics.quantize import (
+    MX_BLOCK,
+    NVFP4_BLOCK,
+    abs_max,
+    block_amax,
+    from_tiles,
+    mxfp8_blocks,
+    mxfp8_decode_factors,
+    nvfp4_block_encoding,
+    nvfp4_encode_values,
+    nvfp4_tensor_scale,
+    quantize_per_tensor,
+    to_blocks,
+    to_blocks_in_place,
+    to_tiles,
+    unblocked,
+)
 
 
 def per_tensor_values(t, dtype, axis=-1):

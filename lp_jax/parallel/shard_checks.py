@@ -21,7 +21,6 @@ from lp_jax.numerics.hadamard import RHT_SIZE as RHT_LENGTH
 from lp_jax.recipes import Recipe
 
 
-
 class BlockStraddleError(ValueError):
     """A mesh would split a quantization block across devices."""
 

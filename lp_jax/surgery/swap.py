@@ -42,8 +42,8 @@ from jax import lax
 
 from lp_jax.gemm import backends
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
-from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
+from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 
 LAYER_INDEX = re.compile(r"(?:^|/)layers/(\d+)(?:/|$)")
 IN_LAYERS = re.compile(r"(?:^|/)layers(?:/|$)")

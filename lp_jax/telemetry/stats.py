@@ -35,17 +35,26 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-
 import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.gemm.operands import transformed
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import (MX_BLOCK, NVFP4_BLOCK, abs_max, mxfp8_block_factors,
-                                      mxfp8_decode_factors,
-                                      nvfp4_block_encoding, nvfp4_encode_values,
-                                      nvfp4_tensor_scale, quantize_per_tensor, tensor_scale_fp8,
-                                      to_blocks, to_blocks_in_place, to_tiles)
+from lp_jax.numerics.quantize import (
+    MX_BLOCK,
+    NVFP4_BLOCK,
+    abs_max,
+    mxfp8_block_factors,
+    mxfp8_decode_factors,
+    nvfp4_block_encoding,
+    nvfp4_encode_values,
+    nvfp4_tensor_scale,
+    quantize_per_tensor,
+    tensor_scale_fp8,
+    to_blocks,
+    to_blocks_in_place,
+    to_tiles,
+)
 
 STATS = ("amax", "underflow", "saturation", "sqnr_db", "scale_exp_min", "scale_exp_max",
          "scale_at_limit")

@@ -13,11 +13,11 @@ import os
 import pathlib
 import sys
 
+from lp_jax.runs.jsonl import read_jsonl
 from lp_jax.telemetry import heatmap
 from lp_jax.telemetry.probe import OPERANDS, Layout
 from lp_jax.telemetry.records import number, record, sqnr_grid
 from lp_jax.telemetry.stats import STATS
-from lp_jax.runs.jsonl import read_jsonl
 
 FILE = "quant_stats.jsonl"
 

@@ -17,6 +17,7 @@ from flax import nnx
 from lp_jax.telemetry.probe import as_numpy, collect, instrument
 from lp_jax.telemetry.writer import QuantStatsWriter
 from lp_jax.training.state import split_model
+
 # The forward the train step differentiates (same mesh rules, same rng_scope), reused so
 # the probe's GEMMs see what the step's see.
 from lp_jax.training.step import forward_nll

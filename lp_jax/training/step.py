@@ -45,8 +45,8 @@ from jax.sharding import PartitionSpec as P
 
 from lp_jax import context
 from lp_jax.numerics.manual_axes import manual_axes
-from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 from lp_jax.parallel.partitioning import activation_rules, batch_sharding, state_shardings
+from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
