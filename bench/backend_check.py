@@ -42,7 +42,7 @@ TOLERANCE = 1e-6
 
 def linear_vjp_fn(recipe):
     """(x [..., K], w [K, N], dy [..., N]) -> (y, dx, dW) of lp_jax's dot_general for ``recipe``
-    (tests/test_backends.py uses it too)."""
+    (tests/gemm/test_backends.py uses it too)."""
     def f(x, w, dy):
         dims = (((x.ndim - 1,), (0,)), ((), ()))
         with context.rng_scope(jax.random.key(5)):

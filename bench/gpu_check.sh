@@ -5,7 +5,7 @@
 # the repository root:
 #     bash bench/gpu_check.sh 2>&1 | tee gpu_check.log
 #     bash bench/gpu_check.sh --tiny     # every part at tiny shapes: a CPU smoke run
-#                                        # (tests/test_gpu_check.py runs it)
+#                                        # (tests/bench/test_gpu_check.py runs it)
 # Part 2 needs pytest on that machine (the `test` extra); without it, part 2 is skipped.
 # Each part has its own time limit (they add up to 7 min 45 s) and the timing scripts stop
 # starting new rows when their budget is spent, so a slow machine still leaves every table,
@@ -41,8 +41,8 @@ echo "== 2. bit-exact quantizers and reference GEMMs on this backend"
 if [[ -n "$TINY" ]]; then
   echo "   skipped with --tiny (the test suite runs these on CPU)"
 elif "$PY" -c "import pytest" 2>/dev/null; then
-  part 90 "$PY" -m pytest -q -p no:cacheprovider tests/test_quantize_formats.py \
-    tests/test_quantize_tensor_scales.py tests/test_dot_general.py tests/test_jax_apis.py
+  part 90 "$PY" -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_formats.py \
+    tests/numerics/test_quantize_tensor_scales.py tests/gemm/test_dot_general.py tests/test_jax_apis.py
 else
   echo "   pytest missing: skipped"
 fi

@@ -1,0 +1,140 @@
+"""Bad data (docs/bad_input.md, cases 1, 2, 7, 8): refused with one line naming the file,
+exit 2, before the run folder is written; binary text files are skipped and counted."""
+import numpy as np
+import pytest
+
+from lp_jax.config.yaml_io import load_config
+from lp_jax.data import pipeline as data
+from lp_jax.data.tokenizers import ByteTokenizer
+from lp_jax.errors import UserError
+from tests.support.bad_input import ROOT, only_line, tiny, train
+
+TOKENS = ["data.source=tokens", "data.val_paths=[]"]
+
+
+def test_token_ids_outside_the_vocabulary_stop_before_training(tmp_path, token_cache, capsys):
+    shard = tmp_path / "ids.npy"  # ids up to 60,000 for a model of 384
+    np.save(shard, np.random.default_rng(0).integers(0, 60_000, 50_000).astype(np.uint16))
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, *TOKENS, f"data.paths=[{shard}]"))
+    assert rc == 2
+    line = only_line(err)
+    assert str(shard) in line and "outside the model's vocabulary of 384 ids" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_id_deep_in_a_shard_is_caught_when_its_sequence_is_read():
+    ids = np.arange(1000) % 300
+    ids[700] = 384  # past the first sequence, which is checked up front
+    source = data.PackedSequences([ids], seq_len=32, bos_id=256, vocab_size=384,
+                                  names=["deep.npy"])
+    source[0], source[20]  # sequences without it read as usual
+    with pytest.raises(UserError, match=r"'deep.npy' holds id 384 at token 700, outside"):
+        source[700 // 32]
+
+
+def test_float_npy_shards_are_not_tokens(tmp_path, token_cache, capsys):
+    shard = tmp_path / "floats.npy"
+    np.save(shard, np.random.default_rng(0).random(50_000, dtype=np.float32))
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, *TOKENS, f"data.paths=[{shard}]"))
+    assert rc == 2
+    assert f"data.paths: token shard '{shard}' holds float32 values, not integer token ids" in only_line(err)
+    assert not (tmp_path / "run").exists()
+
+
+def _npy_bytes(n=5_000):
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, (np.arange(n) % 250).astype(np.uint16))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name, content", [
+    ("truncated.npy", _npy_bytes()[:4_000]),
+    ("cut_header.npy", _npy_bytes()[:60]),
+    ("garbage.npy", b"not an array at all " * 50),
+    ("odd.bin", b"\x01\x00\x02"),  # 1.5 uint16 tokens
+])
+def test_damaged_token_shards_are_named(name, content, tmp_path, token_cache, capsys):
+    shard = tmp_path / name
+    shard.write_bytes(content)
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, *TOKENS, f"data.paths=[{shard}]"))
+    assert rc == 2
+    line = only_line(err)
+    assert f"token shard '{shard}' is not readable as" in line and "truncated or damaged" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_tokens_shorter_than_one_sequence(tmp_path, token_cache, capsys):
+    shard = tmp_path / "short.npy"
+    np.save(shard, np.arange(20, dtype=np.uint16))  # seq_len 32 needs 33
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, *TOKENS, f"data.paths=[{shard}]"))
+    assert rc == 2
+    assert "20 training tokens, fewer than one sequence of data.seq_len + 1 = 33" in only_line(err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("files, val_fraction, message", [
+    (1, 0.0, "3 training tokens, fewer than one sequence of data.seq_len + 1 = 33"),
+    (1, 0.05, "a validation split by file needs at least 2 files, got 1"),
+])
+def test_text_shorter_than_one_sequence(files, val_fraction, message, tmp_path, token_cache, capsys):
+    for i in range(files):
+        (tmp_path / f"t{i}.txt").write_text("x")  # BOS, x, EOS
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.paths=[{tmp_path}/*.txt]",
+                                    f"data.val_fraction={val_fraction}"))
+    assert rc == 2
+    assert message in only_line(err)
+    assert not (tmp_path / "run").exists()  # no config.yaml, no checkpoints/
+
+
+@pytest.mark.parametrize("what, message", [
+    ("file", "is not a valid tokenizer.json: key must be a string at line 1 column 2"),
+    ("folder", "is a folder; name the tokenizer.json in it"),
+])
+def test_bad_hf_tokenizer(what, message, tmp_path, token_cache, capsys):
+    path = tmp_path / "tok"
+    if what == "file":
+        path.write_text("{not json")
+    else:
+        path.mkdir()
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.tokenizer=hf:{path}"))
+    assert rc == 2
+    line = only_line(err)
+    assert line.startswith(f"train.py: error: data.tokenizer: tokenizer file '{path}'") and message in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_binary_files_among_the_text_are_skipped_and_counted(tmp_path, token_cache):
+    texts = {f"doc{i}.txt": f"text number {i}\n" * (20 + i) for i in range(3)}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "image.txt").write_bytes(bytes(range(256)) * 8)  # NUL bytes: binary
+    config = load_config(None, [f"data.paths=[{tmp_path}/*.txt]", "data.val_fraction=0",
+                                f"data.cache_dir={token_cache}", "data.seq_len=32"])
+    splits = data.open_splits(config.data, ByteTokenizer(), 384, seed=0, progress=False)
+    assert "skipped 1 binary file(s), e.g. " + str(tmp_path / "image.txt") in splits.description
+    # BOS + bytes + EOS per text file, and not one byte of the binary one.
+    assert sum(len(a) for a in splits.train.arrays) == sum(len(t) + 2 for t in texts.values())
+
+
+def test_only_binary_files_is_an_error(tmp_path, token_cache, capsys):
+    (tmp_path / "a.bin.txt").write_bytes(b"\x00\x01" * 100)
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.paths=[{tmp_path}/*.txt]"))
+    assert rc == 2
+    assert "data.paths: the 1 file(s) matching" in only_line(err) and "are all binary" in err
+
+
+def test_a_damaged_shard_is_one_line_from_the_real_command(tmp_path, token_cache):
+    """The same as above through `python train.py`, as a user meets it: one line, exit 2."""
+    import subprocess
+    import sys
+
+    shard = tmp_path / "truncated.npy"
+    shard.write_bytes(_npy_bytes()[:4_000])
+    argv = tiny(tmp_path / "run", token_cache, *TOKENS, f"data.paths=[{shard}]")
+    proc = subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"train.py: error: data.paths: token shard '{shard}'")
+    assert proc.stderr.count("\n") == 1
