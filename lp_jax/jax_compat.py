@@ -1,12 +1,8 @@
 """The JAX features lp_jax's GPU work relies on, across the supported JAX versions.
 
-lp_jax supports JAX 0.11.2 (what the GPU machines run) up to the newest release.
-``jax.nn.scaled_matmul`` (cuBLAS block-scaled GEMM), ``lax.platform_dependent``, Pallas
-Mosaic GPU (``plgpu.kernel``, ``CompilerParams``) and its CPU interpreter
-(``InterpretGPUParams``) exist on all of them (tests/test_jax_apis.py runs on the oldest
-and the newest). A few Mosaic GPU names came with JAX 0.12; code that needs one gets it
-through ``jax_api``, which says in one line which JAX it needs instead of an
-AttributeError deep in a kernel (docs/jax_versions.md).
+lp_jax supports ``OLDEST_JAX`` up to the newest release (docs/jax_versions.md). Code that
+needs a name some supported JAX lacks gets it through ``jax_api`` (or ``mosaic_gpu``), which
+says in one line which JAX it needs instead of an AttributeError deep in a kernel.
 """
 from __future__ import annotations
 
@@ -14,10 +10,10 @@ import importlib
 
 import jax
 
-OLDEST_JAX = "0.11.2"  # pyproject.toml's floor; .ci/run tests it in its own environment
+OLDEST_JAX = "0.11.2"  # pyproject.toml's floor; CI tests it in its own environment
 
 _MOSAIC_GPU = "jax.experimental.pallas.mosaic_gpu"
-# In jax.experimental.pallas.mosaic_gpu on JAX 0.12.0.1, not on 0.11.2 (no release between).
+# Names in jax.experimental.pallas.mosaic_gpu from JAX 0.12 on, not in OLDEST_JAX.
 MOSAIC_GPU_SINCE_0_12 = ("alloc_semaphore", "barrier_arrive_and_wait", "im2col_ref", "max", "min",
                          "prod", "store", "sum")
 _SINCE = {f"{_MOSAIC_GPU}.{name}": "0.12" for name in MOSAIC_GPU_SINCE_0_12}

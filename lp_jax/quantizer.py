@@ -1,9 +1,8 @@
 """``lp_jax.quantize``: the public quantizer, run by XLA or by the Pallas kernels.
 
 "xla" is ``lp_jax.numerics.quantize`` (the definition); "pallas" is ``lp_jax.kernels``
-(Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "xla" on
-every platform until a GPU measures the kernels faster (``MEASURED_FASTER``; choosing by
-platform without a measurement would be a guess).
+(Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "xla"
+while ``MEASURED_FASTER`` is empty (docs/backends.md).
 """
 from __future__ import annotations
 
@@ -13,13 +12,13 @@ from lp_jax.kernels.api import quantize_pallas
 from lp_jax.numerics.quantize import QuantizedTensor, as_quantizer_input, check_quantize_args, quantize_xla
 from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
 
-# Platforms where the kernels were measured faster than XLA (bench/bench_kernels.py on a
-# GPU): empty until a GPU run says otherwise.
+# Platforms where the kernels were measured faster than XLA (``bench.bench_kernels`` on a
+# GPU).
 MEASURED_FASTER: tuple[str, ...] = ()
 
 
 def resolve_impl(impl: str) -> str:
-    """"xla" or "pallas" for ``impl``; "auto" is "xla" until a GPU measurement says otherwise."""
+    """"xla" or "pallas" for ``impl``; "auto" is "xla" while ``MEASURED_FASTER`` is empty."""
     check_choice("impl", impl, QUANTIZE_IMPLS)
     if impl != "auto":
         return impl

@@ -1,16 +1,12 @@
 """Precision recipes: which format each GEMM operand gets, and which layers stay in BF16.
 
-Named as Transformer Engine and Megatron Bridge name them, so a TE user finds the same
-knobs. A recipe is a frozen, hashable dataclass: it becomes part of the static attributes
-of every swapped ``nnx.Linear`` (so equal recipes share compiled code), and its per-operand
-choices are derived from its options in ``__post_init__`` so they can never disagree.
-
-Operands of a linear layer y = x W^T (docs/numerics.md):
-fprop (x, W along K), dgrad (dy, W along N), wgrad (x, dy along M, the tokens).
-
-Pure data: this module imports nothing of the project. The vocabularies of the choices a
-recipe makes (formats, GEMM backends, quantizer implementations) are written here once,
-and the layers below and above check against them.
+Named as Transformer Engine and Megatron Bridge name them. A recipe is a frozen, hashable
+dataclass, part of the static attributes of every swapped ``nnx.Linear`` (equal recipes
+share compiled code); its six operand specs (fprop x, W along K; dgrad dy, W along N; wgrad
+x, dy along the tokens M; docs/numerics.md) are derived from its options in
+``__post_init__``, so they can never disagree. Pure data: this module imports nothing of
+the project and writes once the vocabularies (formats, GEMM backends, quantizer
+implementations) that the other layers check against.
 """
 from __future__ import annotations
 
@@ -70,11 +66,11 @@ class Recipe:
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
     backend: Backend = "auto"
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
-    # lp_jax/kernels; the same bits) or "auto" (xla until a GPU measures Pallas faster).
+    # ``lp_jax.kernels``; the same bits) or "auto" (``lp_jax.quantizer.resolve_impl``).
     quantize_impl: QuantizeImpl = "auto"
     # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
     # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
-    # weight (lp_jax/gemm/param_gather.py); the same values either way. No effect on BF16 GEMMs.
+    # weight (``lp_jax.gemm.param_gather``); the same values either way. No effect on BF16 GEMMs.
     param_gather: bool = True
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)

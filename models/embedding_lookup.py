@@ -1,25 +1,11 @@
 """The embedding lookup ``jnp.take(table, tokens, axis=0)``, vocabulary-parallel where a
 trainer asks for it: Megatron's VocabParallelEmbedding written with explicit collectives.
 
-A trainer that runs the model inside a ``shard_map`` (lp_jax's data-parallel micro-batch
-loop, manual over ``data``) names the mesh axes that split the table's vocabulary with the
-logical rule ``lookup_vocab``. Left to XLA's SPMD partitioner, that gather (table split on
-vocabulary, token rows split over ``fsdp``, inside a region manual over ``data``) aborts the
-compilation with a failed check in ``ExpandDeviceGroupsWithIota`` once the sequence reaches
-128 tokens (JAX 0.11.2 and 0.12; shorter sequences take another plan). Here the lookup is a
-``shard_map`` manual over the vocabulary axes and the axes that split the tokens:
-
-- forward: each rank looks up the tokens that fall in its slice of the vocabulary, zeros
-  elsewhere, and the rows are summed over the vocabulary axes as int32 bit patterns (one
-  rank contributes each row and the others zeros, so the sum is the row's bits exactly:
-  an FP32 sum would turn a -0.0 into +0.0). The result equals ``jnp.take`` bit for bit;
-- backward: each rank scatter-adds the row gradients of its own tokens into its slice (the
-  others' tokens masked out) and the slices are summed over the token axes in FP32.
-
-The hidden dimension is whole inside (gathered over ``fsdp`` on the way in), as the
-partitioner's plan had it. Without the rule (one device, inference, meshes without a
-manual data axis, where the partitioner's own plan compiles and moves fewer bytes) this is
-``jnp.take``.
+A trainer names the mesh axes that split the table's vocabulary with the logical rule
+``lookup_vocab``; the lookup is then a ``shard_map`` manual over those axes and the tokens'
+axes, equal to ``jnp.take`` bit for bit, whose backward scatter-adds each rank's row gradients
+into its slice and sums them in FP32. Without the rule, or without a mesh, it is ``jnp.take``.
+Why and how: docs/models.md, "Vocabulary-parallel embedding lookup".
 """
 from __future__ import annotations
 

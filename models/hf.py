@@ -9,10 +9,6 @@ pickle). Command line (docs/models.md):
 
     python -m models.hf import HF_DIR CKPT_DIR      # HF folder -> Orbax checkpoint of the state
     python -m models.hf export CKPT_DIR HF_DIR [--dtype bfloat16] [--max-shard-size 5GB]
-
-CKPT_DIR holds `state/` (an `ocp.StandardCheckpointer` save of `nnx.state(model)`),
-`llama_config.json` (the LlamaConfig) and `hf_config.json` (the source config.json, whose
-extra keys, such as token ids, are carried back on export).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from flax import nnx
 from models.config import LlamaConfig, output_init_std
 from models.sharding import constrain
 
-# Logical activation axes (models/sharding.py): no-ops unless a trainer maps them to a mesh.
+# Logical activation axes (``models.sharding``): no-ops unless a trainer maps them to a mesh.
 BLD = ("batch", "sequence", "embed")
 
 # Additive mask value: finite, so a row with nothing to attend to (a padding query in a KV
@@ -80,9 +80,9 @@ def attention_core(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
     """softmax(q k^T / sqrt(H) + mask) v with grouped KV heads (never repeated in memory).
 
     Scores and softmax in float32; the probabilities are cast back to the compute dtype for the
-    PV matmul (as transformers does). Memory: the float32 scores are B*N*T*S*4 bytes, 8.6 GB per
-    sequence and layer at N=32, T=S=8192; at that length use remat (the scores are not saved
-    by "full" or "dots_with_no_batch_dims_saveable") or attention_impl="cudnn".
+    PV matmul (as transformers does). Memory: the float32 scores are B*N*T*S*4 bytes; at long
+    sequences use remat (the scores are not saved by "full" or
+    "dots_with_no_batch_dims_saveable") or attention_impl="cudnn" (docs/models.md).
     """
     b, t, n, h = q_BxTxNxH.shape
     k = k_BxSxKxH.shape[2]

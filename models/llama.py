@@ -7,15 +7,9 @@
 
 Module paths are a contract with lp_jax's precision swapper, which picks Linears by path and
 reads the layer index right after `layers`: `embed`, `layers/<i>/{attn_norm, attn/{q,k,v,o}_proj,
-mlp_norm, mlp/{gate,up,down}_proj}`, `final_norm`, `lm_head` (absent when tied).
-
-Layers are always stored unrolled (`layers/<i>`), so checkpoints and the HF mapping do not
-depend on `scan_layers`. With `scan_layers=True`, each call splits the layers, groups
-consecutive layers whose graphdefs are equal (a layer whose Linears got a different
-dot_general, e.g. one kept in BF16 by a FiLj policy, has a different graphdef and starts a new
-group), stacks each group's parameters and runs `jax.lax.scan` over it. The stacking copies
-those parameters once per call (the price of keeping one checkpoint layout); it buys compile
-time that does not grow with depth.
+mlp_norm, mlp/{gate,up,down}_proj}`, `final_norm`, `lm_head` (absent when tied). Layers are
+stored unrolled whatever `scan_layers` says; with it, runs of equal layers are scanned
+(docs/models.md, "Scanned layers and remat").
 """
 from __future__ import annotations
 
@@ -109,7 +103,7 @@ class Llama(nnx.Module):
         under data parallelism its cross-device sum would be a BF16 sum too."""
         # jnp.take, or vocabulary-parallel where a trainer's rules ask for it (lp_jax's
         # data-parallel shard_map does: XLA's SPMD partitioner aborts on the plain gather
-        # there, models/embedding_lookup.py).
+        # there; ``models.embedding_lookup``).
         return embedding_lookup(self.embed.embedding[...], tokens).astype(self.config.dtype)
 
     def _logits(self, x_BxLxD):
@@ -161,7 +155,7 @@ class Llama(nnx.Module):
             x, _ = jax.lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), stacked))
         return x
 
-    # ---- KV-cache inference (models/generate.py) ----
+    # ---- KV-cache inference (``models.generate``) ----
 
     def init_cache(self, batch: int, max_len: int):
         """Per-layer (k, v) buffers, each [B, max_len, K, H] in cfg.dtype, zero-filled."""

@@ -2,11 +2,9 @@
 
 Every field has a default and a comment; docs/training.md lists them all. YAML files
 (``configs/*.yaml``) and dotted command-line overrides (``optimizer.b2=0.99``) fill this
-tree through ``config_io.load_config``; ``validate.resolve`` then checks what needs the
-model, the recipe or the data, before anything is compiled.
-
-Frozen, so a config can be hashed, compared, and never changes under a running job.
-Sequences are tuples (YAML lists are converted) for the same reason.
+tree through ``yaml_io.load_config``. Frozen, so a config can be hashed, compared, and
+never changes under a running job; sequences are tuples (YAML lists are converted) for the
+same reason.
 """
 from __future__ import annotations
 
@@ -186,9 +184,9 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class InitConfig:
-    """Start a new run from existing weights (init_weights.py), with a fresh optimizer and
-    schedule. The model keys come from those weights unless set; a resumed run restores its
-    own checkpoints and ignores these."""
+    """Start a new run from existing weights (``lp_jax.runs.init_weights``), with a fresh
+    optimizer and schedule. The model keys come from those weights unless set; a resumed run
+    restores its own checkpoints and ignores these."""
 
     # A Hugging Face Llama folder (config.json + safetensors), e.g. one exported from a run.
     hf: Optional[str] = None

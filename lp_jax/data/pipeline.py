@@ -1,26 +1,11 @@
 """The grain input pipeline: packed sequences with document boundaries, seeded shuffle.
 
-A *sequence* is ``seq_len + 1`` consecutive tokens of a shard (sequence ``i`` starts at
-token ``i * seq_len``, so consecutive sequences share one token and no token is lost as
-a target). Each example carries, for its ``seq_len`` inputs:
-
-- ``tokens`` / ``targets``: the inputs and the next tokens;
-- ``segment_ids``: which document each token belongs to (counted from 1 within the
-  sequence), so attention never crosses a document boundary;
-- ``positions``: the position inside its document (restarting at every BOS; a document
-  cut by the sequence start restarts at 0), for RoPE;
-- ``loss_mask``: False where the target starts another document (predicting the next
-  file's BOS from this one's EOS teaches nothing).
-
-The pipeline is ``MapDataset.source -> shuffle(seed) -> repeat -> batch``: random access,
-so grain's iterator state is just a position and a resumed run reads exactly the batches
-it would have read (the state goes into every checkpoint).
-
-Several processes: global batch ``b`` is always the sequences ``b*G .. b*G+G-1`` of the
-shuffled, repeated stream, whatever the process count; each process reads only the rows
-of it that its own devices hold (``host_rows``), so a multi-host run trains on exactly
-the batches of a one-process run, and the iterator state (the batch index) is the same on
-every process.
+Sequence ``i`` of a shard is its ``seq_len + 1`` tokens from token ``i * seq_len``; each
+example carries ``tokens``, ``targets``, ``segment_ids``, ``positions`` and ``loss_mask``
+(docs/training.md, "Data"). The order is ``MapDataset.source -> shuffle(seed) -> repeat ->
+batch``: random access, so the iterator state is a position and a resumed run reads exactly
+the batches it would have read. Global batch ``b`` is the same sequences whatever the
+process count; each process reads only the rows its own devices hold (``host_rows``).
 """
 from __future__ import annotations
 

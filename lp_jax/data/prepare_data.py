@@ -3,12 +3,9 @@
     python -m lp_jax.data.prepare_data --tokenizer llama3 --out data/stdlib_llama3
     python -m lp_jax.data.prepare_data --tokenizer bytes --out data/kjv 'books/**/*.txt'
 
-With no globs the text is the Python standard library's own ``.py`` files (present on
-every machine; ``site-packages`` excluded). Writes ``train_00000.npy ...``,
-``val_00000.npy ...`` and ``meta.json``; train on them with ``data.source=tokens
-data.paths=[<out>/train_*.npy] data.val_paths=[<out>/val_*.npy]``. The trainer's
-``data.source=text`` runs the same code into a cache folder the first time it sees a
-given set of files.
+With no globs the text is the Python standard library's own ``.py`` files. Writes
+``train_00000.npy ...``, ``val_00000.npy ...`` and ``meta.json`` (docs/data.md); the
+trainer's ``data.source=text`` runs the same code into its cache.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The tokenizer files of a Hugging Face folder, for the tokenizer a run trained with.
 
-An exported model is only usable in the HF ecosystem (`AutoTokenizer`, `lm_eval --model
-hf`, serving) with its tokenizer beside it, mapping text to the ids the run trained on:
-
-- ``bytes``: no tokenizer.json exists, so one is built: a byte-level BPE with no merges
-  whose vocabulary maps the byte-to-unicode alphabet of HF's ``ByteLevel`` pre-tokenizer
-  back to the byte values, so byte b is id b; BOS 256, EOS 257 and PAD 258 are added
-  special tokens. Its post-processor prepends BOS, since every training document started
-  with it (Llama 3's tokenizer.json does the same with <|begin_of_text|>);
-- ``llama3`` and ``hf:<path>``: the tokenizer.json the run read, copied, with the
-  tokenizer_config.json found beside it or one written from the BOS/EOS the run used.
-
-tokenizer_config.json names ``PreTrainedTokenizerFast``: for ``model_type: llama``
-AutoTokenizer would otherwise pick LlamaTokenizerFast, which rewrites the post-processor
-around its own default BOS "<s>", a token these vocabularies do not have.
+``write_tokenizer_files`` writes tokenizer.json and tokenizer_config.json that map text to
+the ids the run trained on: for ``bytes`` a byte-level BPE with no merges (byte b is id b;
+BOS 256, EOS 257, PAD 258; BOS prepended, as in training), for ``llama3`` and ``hf:<path>``
+a copy of the tokenizer.json the run read. The config names ``PreTrainedTokenizerFast``, so
+AutoTokenizer never swaps in LlamaTokenizerFast and its ``<s>`` BOS (docs/models.md).
 """
 from __future__ import annotations
 

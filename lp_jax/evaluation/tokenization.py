@@ -1,18 +1,12 @@
-"""Turns (context, continuation) strings into model inputs as lm-evaluation-harness does.
+"""Turns (context, continuation) strings into model inputs as lm-evaluation-harness does
+(its `_encode_pair` and `_loglikelihood_tokens`).
 
-Harness rules reproduced here (its `_encode_pair` and `_loglikelihood_tokens`):
-- trailing whitespace of the context moves to the front of the continuation, so that a
-  word-initial space is tokenized with its word;
-- the continuation's tokens are those of `encode(context + continuation)` after the first
-  `len(encode(context))` tokens (so merges across the boundary are respected);
-- both encodings start with the tokenizer's BOS where it has one (a Hugging Face tokenizer
-  encodes with `add_special_tokens=True` in the harness: Llama 3 prepends
-  `<|begin_of_text|>`, GPT-2 adds nothing);
-- the model input is `(context + continuation)[-(max_length + 1):][:-1]`: the context is
-  cut from the left when the pair does not fit, and the continuation's tokens are the
-  targets of the input's last `len(continuation)` positions;
-- one departure: a continuation longer than max_length, where the harness stops with an
-  assertion, is scored on its last max_length tokens and counted.
+``PairEncoder(tokenizer, max_length)(context, continuation)`` is a TokenizedRequest: the
+input `(context + continuation)[-(max_length + 1):][:-1]`, and the continuation's tokens
+(those of `encode(context + continuation)` after the context's, the context's trailing
+whitespace moved to the continuation, both with the tokenizer's BOS first where it has one)
+as the targets of the input's last positions. docs/evaluation.md, "Scoring", has each rule
+and the one departure from the harness.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Which GEMM implementation runs a recipe's quantized GEMMs, chosen when the program is lowered.
 
-Backends (docs/backends.md):
-
-- "reference": any platform. Operands are quantized, then multiplied as their exact
-  dequantized bf16 values with FP32 accumulation; tensor factors applied after. This is
-  the definition every other backend is tested against (lp_jax/gemm/operands.py).
-- "xla_fp8" (per-tensor FP8, FP8-CS): the FP8 bytes go into ``lax.dot_general`` with an
-  FP32 result, which XLA's GEMM rewriter turns into cuBLASLt FP8 GEMMs on Hopper and later
-  (lp_jax/gemm/xla_fp8.py). XLA also runs it on CPU, which is how it is tested here.
-- "cudnn" (MXFP8, NVFP4): the bytes and block scales go into ``jax.nn.scaled_matmul``,
-  lowered for CUDA to the ``__op$block_scaled_dot`` custom call, which XLA runs on cuDNN's
-  block-scaled GEMM on Blackwell and expands into dequantize-and-dot elsewhere
-  (lp_jax/gemm/cudnn.py). JAX runs it on CPU as a dequantize-and-dot composite.
-- "auto" (the default): decided per GEMM by ``lax.platform_dependent``, i.e. by the
-  platform the program is lowered for, not by the devices of the process that traces it:
-  for CUDA the recipe's native backend (xla_fp8 or cudnn), for anything else reference.
-
-The backends share the quantized bytes: the dot_general quantizes (or hands over a
-``Pending`` operand that each backend quantizes in its own layout with the same rounding),
-so only the GEMM differs. A forced backend that does not fit the recipe raises when the
-recipe is made (``Recipe.native_backend``); one that cannot run on the platform a program is lowered for raises one
-line while lowering (``_platform_guard``). Neither ever falls back silently.
+"reference" (any platform: the definition, ``lp_jax.gemm.operands``), "xla_fp8" (per-tensor
+FP8), "cudnn" (MXFP8, NVFP4), or "auto" (the default): per GEMM, ``lax.platform_dependent``
+picks the recipe's native backend when the program is lowered for CUDA and "reference" for
+anything else (docs/backends.md). Every backend multiplies the same quantized values; only
+the GEMM differs. A forced backend that does not fit the recipe raises when the recipe is
+made (``Recipe.native_backend``); one that cannot run on the platform a program is lowered
+for raises one line while lowering (``_platform_guard``). Neither ever falls back silently.
 """
 from __future__ import annotations
 
@@ -67,7 +53,7 @@ def current_platform() -> str:
 def gemm(backend: str, native: str | None, a, b, contracting, compute_dtype, out_dtype):
     """``a`` x ``b`` contracted over ``contracting`` by ``backend`` (a name from ``resolved``;
     ``native`` the recipe's native backend for "auto"). Operands: arrays, QuantizedTensor,
-    Transposed or Pending (lp_jax/gemm/operands.py); the result is cast to out_dtype."""
+    Transposed or Pending (``lp_jax.gemm.operands``); the result is cast to out_dtype."""
     run = lambda name: lambda a, b: _IMPLS[name](a, b, contracting, compute_dtype, out_dtype)  # noqa: E731
     if backend == "auto":
         # Both branches are traced; only the one for the lowering platform is lowered.

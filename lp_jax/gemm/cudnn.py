@@ -1,23 +1,13 @@
 """The "cudnn" backend: MXFP8 and NVFP4 GEMMs through ``jax.nn.scaled_matmul``.
 
-``scaled_matmul`` takes lhs (B, M, K), rhs (B, N, K) and their block scales (B, M, K/32)
-E8M0 for MXFP8 or (B, M, K/16) E4M3 for NVFP4, infers the block size from the shapes,
-and returns lhs x rhs^T (B, M, N). Lowered for CUDA it is the ``__op$block_scaled_dot``
-custom call: XLA runs it on cuDNN's block-scaled GEMM on Blackwell (cuDNN >= 9.7) and
-expands it into dequantize-and-dot elsewhere (Hopper); JAX runs it on CPU as a
-dequantize-and-dot composite, which is how it is tested against the reference.
-
-Every operand is laid out with its contraction axis last (B = 1): fprop reads x and W^T
-along K, dgrad dy and W along N, wgrad x^T and dy^T along the tokens M, i.e. the
-transposed copies TE keeps for wgrad (after the RHT for NVFP4). The bytes and scales are
-our own quantizers' (lp_jax.quantize), the same bits the reference decodes; NVFP4's 16x16
-weight tiles give each row of either orientation its tile's scale. NVFP4's FP32 tensor
-scales multiply the FP32 result outside the call, one rounding each, as in the reference.
-
-Padding: K is zero-padded to a multiple of 4 blocks and the rows (M, N) to a multiple of
-128, the tile in which cuDNN reads block scales (XLA swizzles them into that layout; it
-only uses cuDNN when K is a multiple of the block, and its own padding of rows and scale
-columns becomes a no-op). Zero data adds nothing; the result is sliced back.
+``scaled_matmul`` takes lhs (B, M, K), rhs (B, N, K) and their block scales, infers the
+block size from the shapes and returns lhs x rhs^T: lowered for CUDA, the
+``__op$block_scaled_dot`` custom call (docs/backends.md); on CPU, a dequantize-and-dot
+composite, which is how it is tested against the reference. Every operand goes in with its
+contraction axis last (B = 1), as ``lp_jax.quantize``'s bytes and scales, the bits the
+reference decodes. K is zero-padded to a multiple of 4 blocks and the rows to a multiple of
+128 (cuDNN's block-scale tile), and the result is sliced back. NVFP4's FP32 tensor scales
+multiply the FP32 result outside the call, one rounding each, as in the reference.
 """
 from __future__ import annotations
 

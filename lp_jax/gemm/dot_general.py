@@ -2,28 +2,12 @@
 
 ``dot_general(recipe)`` returns a frozen, hashable callable with the ``lax.dot_general``
 signature plus the ``out_sharding`` keyword that ``nnx.Linear`` passes, so it can be set as
-``linear.dot_general``. Its custom VJP:
-
-- forward: quantizes x and W along K for fprop and, in the same pass, the copies the
-  backward needs (x along M for wgrad, after the RHT for NVFP4; W along N for dgrad, unless
-  the fprop bytes serve both), and keeps only those quantized copies as residuals, not
-  BF16 tensors;
-- backward: quantizes dy along N (dgrad) and along M (wgrad), with stochastic rounding
-  where the recipe says, from bits keyed by (seed, step, layer, call site) via
-  lp_jax.context, so a resumed run draws the same bits.
-
-Each of the three GEMMs goes to the recipe's backend (lp_jax/gemm/backends.py): with
-"auto", ``lax.platform_dependent`` inside the forward and backward picks it when the
-program is lowered. The residuals are the same for every backend, so the choice never
-changes what the backward keeps.
-
-Weight gradients come back in FP32 only with ``KeepKernelDtype`` as the Linear's
-promote_dtype (``apply_recipe`` sets both; set it yourself when you pass this dot_general to
-an ``nnx.Linear`` by hand: otherwise Flax casts the kernel to BF16 before the call, and the
-weight gradient, though upcast to the FP32 parameter's dtype, holds only BF16 values). With
-it, the FP32 master kernel reaches this function, is cast to the
-activation dtype (BF16) here, and its cotangent is the FP32 wgrad output, as TE writes
-wgrad into the FP32 main gradient.
+``linear.dot_general``. Its custom VJP keeps only quantized copies as residuals, never BF16
+tensors, the same for every GEMM backend (``lp_jax.gemm.backends``); stochastic rounding
+draws bits keyed by (seed, step, layer, call site) via ``lp_jax.context``, so a resumed run
+draws the same bits. Weight gradients come back in FP32 only with ``KeepKernelDtype`` as the
+Linear's promote_dtype (``apply_recipe`` sets both; set it yourself when you pass this
+dot_general to an ``nnx.Linear`` by hand; docs/numerics.md).
 """
 from __future__ import annotations
 
@@ -72,7 +56,7 @@ def _gemm(cfg, a, b, contracting, compute_dtype, out_dtype):
 def _split_gemm(cfg, kind, a, b, contracting, compute_dtype, out_dtype):
     """_gemm of the GEMM a ``kind`` ("row": fprop, "column": dgrad) tensor-parallel layer
     splits over tensor: where the Linear is marked so, its partials reduced in out_dtype on
-    the wire and FP32 arithmetic (lp_jax/gemm/tensor_reduce.py); else the plain _gemm."""
+    the wire and FP32 arithmetic (``lp_jax.gemm.tensor_reduce``); else the plain _gemm."""
     if not tensor_reduce.applies(cfg.tensor_reduce, kind):
         return _gemm(cfg, a, b, contracting, compute_dtype, out_dtype)
     run = lambda a, b, dtype: _gemm(cfg, a, b, contracting, compute_dtype, dtype)  # noqa: E731
@@ -132,18 +116,18 @@ class LowPrecisionDotGeneral:
     recipe: Recipe
     # The kernel's mesh layout (e.g. ("fsdp", "tensor")), set by the trainer for FSDP:
     # with recipe.param_gather the weight's quantized bytes are all-gathered
-    # (lp_jax/gemm/param_gather.py). None: the partitioner gathers the BF16 weight.
+    # (``lp_jax.gemm.param_gather``). None: the partitioner gathers the BF16 weight.
     gather: tuple | None = None
     # Set by the trainer with mesh.tp_reduce_dtype=bf16: "row" (kernel K on tensor: fprop's
     # partial sums) or "column" (N on tensor: dgrad's) are reduced over tensor with the
-    # activation dtype on the wire (lp_jax/gemm/tensor_reduce.py). None: the partitioner
+    # activation dtype on the wire (``lp_jax.gemm.tensor_reduce``). None: the partitioner
     # all-reduces them in FP32.
     tensor_reduce: str | None = None
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
         # out_sharding: a sharding constraint on an Auto mesh; on an Explicit mesh the GEMM
-        # runs with those axes Auto and the result is typed out_sharding (lp_jax/gemm/out_sharding.py).
+        # runs with those axes Auto and the result is typed out_sharding (``lp_jax.gemm.out_sharding``).
         return with_out_sharding(
             lambda l, r: self._gemm(l, r, dimension_numbers, preferred_element_type),
             lhs, rhs, dimension_numbers, out_sharding)

@@ -1,27 +1,12 @@
 """GEMM operands: what the dot_general hands a backend, and the reference GEMM that defines them.
 
-An operand is one of:
-
-- a bf16 array (spec.fmt None);
-- a ``QuantizedTensor``: packed bytes, the same for every backend (per-tensor FP8 always,
-  and every copy the backward keeps);
-- a ``Transposed`` QuantizedTensor: a block-format copy quantized along the first axis of
-  its tensor, stored as the transpose so that axis is last (TE's columnwise copy; what a
-  block-scaled GEMM reads for wgrad, contracting over the tokens);
-- a ``Pending`` operand: a block-format operand consumed at once, which each backend
-  quantizes itself (the reference straight to decoded values, lp_jax/numerics/decoded.py;
-  cudnn to bytes in its layout) with the same rounding and the same stochastic bits.
-
-The reference GEMM (``scaled_dot``) turns each into the values a GEMM multiplies plus one
-float32 factor applied after accumulation:
-
-- FP8 per tensor: the FP8 values; factor scale_inv.
-- MXFP8: q * 2^(e-127), exact in bf16 (a power-of-two scale); factor 1.
-- NVFP4: q * s_b, exact in bf16 (2 + 4 significant bits); factor S_dec.
-
-So "dequantize both operands, FP32 dot" is computed with bf16 inputs and FP32
-accumulation, and the tensor factors are applied once to the FP32 result, as the
-hardware block-scaled GEMM does.
+An operand is a bf16 array (spec.fmt None), a ``QuantizedTensor`` (packed bytes, the same
+for every backend), a ``Transposed`` QuantizedTensor (a block copy along the tensor's first
+axis, stored transposed: TE's columnwise copy) or a ``Pending`` operand, consumed at once,
+which each backend quantizes itself with the same rounding and stochastic bits. The
+reference GEMM (``scaled_dot``) multiplies each operand's exact dequantized values in bf16
+over at most one float32 factor (FP8: scale_inv; MXFP8: none; NVFP4: S_dec), accumulates in
+FP32 and applies the factors once to the FP32 result, as a block-scaled GEMM does.
 """
 from __future__ import annotations
 
@@ -91,7 +76,7 @@ def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
 
 
 def uses_pallas(spec: OperandSpec) -> bool:
-    """Whether spec's copies come from the Pallas kernels (lp_jax/kernels; the same bits)."""
+    """Whether spec's copies come from the Pallas kernels (``lp_jax.kernels``; the same bits)."""
     return spec.fmt is not None and resolve_impl(spec.quantize_impl) == "pallas"
 
 
@@ -141,7 +126,7 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
 
 def decoded(p: Pending):
     """The reference's form of a Pending operand: its exact dequantized values over the
-    tensor factor, without packed bytes (lp_jax/numerics/decoded.py): contraction axis last,
+    tensor factor, without packed bytes (``lp_jax.numerics.decoded``): contraction axis last,
     except NVFP4 1-D blocks along the first axis of a 2-D operand (the wgrad's dy), which stay
     in place: the GEMM reads them as they are, and moving them would cost a transposed pass."""
     t = transformed(p.t, p.spec, p.axis)
@@ -209,7 +194,7 @@ def f32_dot(av, ca, bv, cb):
     XLA:CPU runs a BF16 dot as its fast BF16 GEMM only when the left operand it is
     given is laid out row-major with its contraction axis last; a transposed one (even a
     transpose behind an optimization barrier, which layout assignment turns back into a
-    column-major view) makes it upcast both operands to FP32, ~4x slower. The one form it
+    column-major view) makes it upcast both operands to FP32. The one form it
     rewrites into a materialized row-major copy is a dot contracting two axes of each
     operand: on CPU, a left operand contracting its first axis (the wgrad's tokens) gets a
     leading unit axis and both operands contract (unit, tokens). Only FP32 summation order

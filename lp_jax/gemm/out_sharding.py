@@ -1,22 +1,13 @@
 """``out_sharding`` for the quantized dot_general, under Auto and Explicit meshes.
 
-``nnx.Linear`` passes ``out_sharding`` (None unless the caller gives one), and
-``lax.dot_general`` would honour it; the quantized GEMM is a custom_vjp of reshapes,
-quantizers and three dots, so it honours it here, around the whole computation:
-
-- Auto mesh axes (the trainer's mesh; GSPMD/Shardy propagate shardings): the result gets
-  a ``with_sharding_constraint``. ``jax.sharding.reshard`` and ``lax.dot_general(...,
-  out_sharding=)`` both reject Auto axes, which is why the old reshard failed there.
-- Explicit mesh axes (the default of ``jax.make_mesh`` since JAX 0.12; shardings are part
-  of the types): the GEMM runs inside ``jax.sharding.auto_axes`` over those axes, so the
-  partitioner places the quantization and the collectives of fprop, dgrad and wgrad (a
-  block quantizer's reshapes, a contraction over a sharded K, have no single "typed"
-  answer), and the result is typed with ``out_sharding``, or, when none is given, with
-  what ``lax.dot_general`` would give: the non-contracting dimensions keep their
-  operands' shardings. The cotangents come back typed like the primal inputs.
-  Flax's ``nnx.Embed`` handles its ``out_sharding`` the same way.
-
-Without a mesh and without ``out_sharding`` nothing is added.
+``nnx.Linear`` passes ``out_sharding``, which ``lax.dot_general`` would honour; the
+quantized GEMM honours it around its whole computation. On Auto mesh axes the result gets a
+``with_sharding_constraint`` (``reshard`` and ``dot_general(..., out_sharding=)`` reject Auto
+axes). On Explicit axes the GEMM runs inside ``jax.sharding.auto_axes`` over them, so the
+partitioner places the quantization and the collectives (a block quantizer's reshapes have
+no single "typed" answer), and the result is typed with ``out_sharding`` or, when none is
+given, as ``lax.dot_general`` would type it; the cotangents come back typed like the primal
+inputs. Without a mesh and without ``out_sharding`` nothing is added.
 """
 from __future__ import annotations
 

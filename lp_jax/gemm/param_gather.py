@@ -1,27 +1,13 @@
 """FSDP weight all-gathers of quantized bytes (Megatron's fp8_param_gather / fp4_param_gather).
 
-Under ZeRO-3 each device holds a shard of every FP32 master weight, and the weight is
-all-gathered before each of its GEMMs, forward and backward. Left to the partitioner, the
-gathered tensor is the BF16 cast, which the GEMM then quantizes. Here each device instead
-quantizes its own shard and the all-gather moves the quantized bytes and scales:
-
-- per-tensor FP8 (FP8-CS): the global amax is one scalar all-reduce(max) over the shards;
-  the FP8 bytes are gathered for fprop and, again from the same local bytes, for dgrad;
-- MXFP8: the forward gathers the copy blocked along K (fprop), the backward the copy blocked
-  along N (dgrad), quantized from the shard in the forward but kept sharded until then;
-- NVFP4: 16x16 tiles serve both GEMMs: the 4-bit codes and E4M3 tile scales are gathered in
-  the forward and again in the backward; the tensor scale comes from a scalar all-reduce.
-
-The codes are exactly those of quantizing the gathered weight: blocks never straddle
-shards (the trainer's mesh checks, lp_jax/parallel/shard_checks.py) and the tensor amax is
-the max of the shards' amaxes. The backward keeps only the sharded quantized copy (no
-gathered weight is saved between forward and backward), as ZeRO-3 does.
-
-On the wire every low-precision array travels as uint8 bytes (FP4 codes two per byte):
-that is what a collective moves anyway, and XLA:CPU would widen an FP8 all-gather to f16
-and a BF16 one to f32 in its compiled program, hiding the saving. ``layout`` is the mesh
-spec of the kernel [K, N] (e.g. ("fsdp", "tensor") for a column-parallel layer); the
-gather runs in ``jax.shard_map`` over the mesh in context, along the dimension on "fsdp".
+Under ZeRO-3 each device quantizes its own shard of the FP32 master weight, and the
+all-gather moves the quantized bytes and scales instead of the BF16 cast: the fprop copy in
+the forward, the dgrad copy (kept sharded until then) in the backward. The codes are exactly
+those of quantizing the gathered weight: blocks never straddle shards, and the tensor amax is
+the max of the shards' amaxes. Low-precision arrays travel as uint8 bytes (FP4 codes two per
+byte; docs/scaling.md). ``layout`` is the mesh spec of the kernel [K, N] (e.g. ("fsdp",
+"tensor")); the gather runs in ``jax.shard_map`` over the mesh in context, along the
+dimension on "fsdp".
 """
 from __future__ import annotations
 

@@ -1,34 +1,12 @@
 """Tensor-parallel GEMMs whose contraction is split over ``tensor``, reduced in BF16 on the wire.
 
-Under Megatron tensor parallelism two GEMMs of a layer contract over a dimension split across
-the ``tensor`` ranks, so each rank holds a partial sum of the result:
-
-- the forward (fprop) of a row-parallel layer (o_proj, down_proj: kernel [K, N] with K on
-  ``tensor``);
-- the backward (dgrad) of a column-parallel layer (q/k/v/gate/up, the LM head: N on
-  ``tensor``).
-
-Left to the partitioner, those partials are all-reduced in FP32 (the GEMM's accumulator)
-before the cast to the activation dtype. Megatron all-reduces them in BF16. Here, inside a
-``jax.shard_map`` manual over ``tensor`` and the axes that split the tokens, each rank
-computes its FP32 partial and reduces it as a reduce-scatter followed by an all-gather,
-written with collectives that do no arithmetic:
-
-1. the partial [M, N] is cast to the output dtype (BF16) and split along N into one chunk
-   per rank; ``all_to_all`` sends chunk r to rank r (the reduce-scatter's bytes);
-2. each rank adds the chunks it received in FP32, in rank order (the same order on every
-   rank and every step: deterministic), and casts the sum to BF16 once;
-3. ``all_gather`` (BF16) rebuilds the whole result on every rank.
-
-The wire carries BF16, as a BF16 ring all-reduce does (half of FP32's bytes), but the sum
-is FP32: each partial is rounded to BF16 once (relative error <= 2^-9 of that partial),
-where a BF16 ring rounds after every hop. And no collective adds BF16 values, which XLA:CPU
-cannot compile ("Invalid binary instruction opcode copy"), so it is tested here.
-
-Operands are quantized before the shard_map, by the partitioner's program (global
-per-tensor amaxes, stochastic-rounding bits indexed by the global element), exactly as
-without this path; inside, each rank runs the backend's GEMM on its whole blocks (the
-mesh checks guarantee no block straddles ranks), so only the reduction differs.
+The fprop of a row-parallel layer and the dgrad of a column-parallel one leave each
+``tensor`` rank with an FP32 partial sum. Inside a ``jax.shard_map`` manual over ``tensor``
+and the token axes, each rank casts its partial to the output dtype (BF16), sends chunk r to
+rank r (``all_to_all``), adds the chunks it received in FP32 in rank order (the same on every
+rank and step) and casts the sum once; ``all_gather`` rebuilds the result. BF16 bytes on the
+wire, an FP32 sum, and no collective that adds BF16 values. Operands are quantized before
+the shard_map, exactly as without this path, so only the reduction differs (docs/scaling.md).
 """
 from __future__ import annotations
 
@@ -97,7 +75,7 @@ def _token_axes(mesh, tokens: int) -> tuple[str, ...]:
     """The mesh axes, other than tensor and those already manual (the trainer's data
     shard_map), that split the tokens (data and fsdp in the trainer), when they divide them.
     They are made manual too: left to the partitioner, the tokens of a collective inside
-    the shard_map are gathered whole on every rank (measured: 1x4x2 moved 4x the bytes)."""
+    the shard_map are gathered whole on every rank (docs/scaling.md)."""
     auto = [n for n, t in zip(mesh.axis_names, mesh.axis_types) if n != TENSOR and t != AxisType.Manual]
     size = 1
     for n in auto:

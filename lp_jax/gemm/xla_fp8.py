@@ -1,20 +1,12 @@
 """The "xla_fp8" backend: per-tensor FP8 GEMMs as XLA's GEMM rewriter wants them.
 
 The FP8 bytes of both operands go into ``lax.dot_general`` as FP8 arrays with an FP32
-result, and the product of the two scalar scales multiplies that result. This is the
-pattern XLA's GPU GEMM rewriter turns into one ``__cublas$lt$matmul$f8`` call on Hopper
-and later (the scales become the call's scale operands; XLA adds the transposes cuBLASLt's
-FP8 "TN" layout needs). The same program runs on CPU, where XLA upcasts the FP8 operands:
-the products are exact there and only the summation order differs from the reference.
-
-The scales are applied as one product (sa * sb) rather than one at a time as the reference
-does, because a single scalar multiply is what the rewriter folds into the GEMM; the two
-differ by at most one FP32 rounding. (A product below FLT_MIN would be flushed on CPU, not
-on a GPU: only for tensors whose amaxes multiply to below ~3e-31.)
-
-Precision HIGHEST turns off cuBLASLt's FP8 "fast accumulation", which XLA enables at
-DEFAULT precision and which accumulates in less than FP32 on Hopper: with it off the GEMM
-sums in FP32 like the reference (TE does the same for dgrad and wgrad).
+result, times the product of the two scales (sa * sb): the pattern XLA's GPU GEMM rewriter
+turns into one ``__cublas$lt$matmul$f8`` call. One product rather than the reference's two
+scalings, because a single scalar multiply is what the rewriter folds into the GEMM (at most
+one FP32 rounding apart). Precision HIGHEST turns off cuBLASLt's FP8 fast accumulation, so
+the GEMM sums in FP32 like the reference. On CPU XLA upcasts the FP8 operands: the products
+are exact and only the summation order differs from the reference (docs/backends.md).
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """``python -m lp_jax.inspect RUN_DIR [--recipe R] [--batches N] [--budget PCT] [--hf DIR]``
 
-Which layers of a trained model to keep in BF16 (docs/telemetry.md):
-
-1. loads the run's latest checkpoint (``--hf DIR``: those weights instead) and N batches of
-   the run's data (its validation split, else its training split);
-2. with recipe R on every layer (default: the run's recipe, its ablations kept, no layer
-   policy), prints the statistics of all six GEMM operands of every Linear (the training
-   probe's, lp_jax/telemetry), averaged over the batches;
-3. measures each layer's sensitivity, the loss increase over all-BF16 when only that layer
-   is quantized, and the loss with every layer quantized;
-4. proposes the fewest BF16 layers whose loss gap fits ``--budget`` percent (default 0.5)
-   and prints it as a config override (FiLj when one fits, else precision.bf16_layers);
-5. writes RUN_DIR/inspect.md and the SQNR heatmap RUN_DIR/inspect_sqnr.png.
-
-Bad input (no such folder, no checkpoint, an unknown recipe) is one line on stderr, exit 2.
+Which layers of a trained model to keep in BF16: on N batches of the run's data, with recipe
+R on every layer, the training probe's statistics (``lp_jax.telemetry``) of every Linear, each
+layer's sensitivity (the loss increase over all-BF16 when only it is quantized) and the fewest
+BF16 layers whose gap fits ``--budget`` percent, printed as a config override; written to
+RUN_DIR/inspect.md and RUN_DIR/inspect_sqnr.png. Bad input is one line on stderr, exit
+status 2. docs/telemetry.md describes each step.
 """
 from __future__ import annotations
 

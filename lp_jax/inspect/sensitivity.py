@@ -1,15 +1,10 @@
 """Per-layer sensitivity and the proposed layer policy of ``python -m lp_jax.inspect``.
 
-Every transformer layer's Linears get a ``SelectableDotGeneral``: the recipe's GEMM or the
-BF16 one, picked by a traced per-layer mask with ``lax.cond``. One compiled forward then
-measures any set of quantized layers (all BF16, all quantized, one layer alone, a candidate
-policy), each on the same batches. The loss is the forward's: it sees what fprop
-quantization does to the model (the backward's operands show in the statistics table).
-
-The policy: layers ranked by their own loss increase (the most sensitive first); for k = 0,
-1, ... BF16 layers, the k most sensitive and every FiLj with i + j = k are measured, and the
-first k at which one of them keeps the gap to all-BF16 within the budget wins (a FiLj
-first, the smallest gap among those; else the explicit list).
+``make_selectable`` gives every transformer layer's Linears a ``SelectableDotGeneral``, the
+recipe's GEMM or the BF16 one picked by a traced per-layer mask, so one compiled forward
+measures any set of quantized layers on the same batches. ``measure`` gives the losses of all
+BF16, all quantized and each layer alone; ``propose`` the fewest BF16 layers whose gap to
+all-BF16 fits the budget (the search: docs/telemetry.md).
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The tensor amax: one read, a partial max per tile, then a max over the partials.
 
-Per-tensor FP8 and NVFP4's tensor scale need the amax of the whole tensor before any
-element is cast. The partial maxima are exact (a max picks an element), so reducing them
-in any order gives ``quantize``'s amax bit for bit, NaN included (jnp.max propagates it).
-Each tile writes its partial max SMEM_LANES times (Mosaic GPU stores vectors of a multiple
-of 128 elements, not a lone scalar); the copies change no max.
-With ``rht`` it also returns the amax of the tensor after the 16-point Hadamard transform
-along R (NVFP4's wgrad copy takes its own tensor scale there), from the same read: the
-transform of the tile's 16 strided row views (``pallas_nvfp4.rht_amax_bits``, the form
-Mosaic GPU lowers), maxed elementwise, then reduced.
+The partial maxima are exact (a max picks an element), so reducing them in any order gives
+``quantize``'s amax bit for bit, NaN included. Each tile writes its partial max SMEM_LANES
+times (Mosaic GPU stores vectors of a multiple of 128 elements, not a lone scalar); the
+copies change no max. With ``rht`` it also returns, from the same read, the amax after the
+16-point Hadamard transform along R (NVFP4's wgrad copy takes its own tensor scale there).
 """
 from __future__ import annotations
 

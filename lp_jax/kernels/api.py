@@ -1,11 +1,10 @@
 """``lp.quantize(..., impl="pallas")``: the Pallas kernels behind the QuantizedTensor API.
 
-Gives, bit for bit, what the XLA path gives (tests/test_pallas_quantize.py). A tensor of
-any rank is seen as [A, R, C]: blocks along the last axis are the row copy of
-[1, leading, n]; blocks along another axis the column copy of [leading, n, trailing]
-(blocked along its middle axis, in place); 16x16 tiles cover [leading, r, c]. A ragged
-tensor is zero-padded to whole tiles before the kernel and sliced after: an extra XLA pass
-for such shapes only, never different bits.
+Gives, bit for bit, what the XLA path gives. A tensor of any rank is seen as [A, R, C]:
+blocks along the last axis are the row copy of [1, leading, n]; blocks along another axis
+the column copy of [leading, n, trailing] (blocked along its middle axis, in place); 16x16
+tiles cover [leading, r, c]. A ragged tensor is zero-padded to whole tiles before the
+kernel and sliced after: an extra XLA pass for such shapes only, never different bits.
 """
 from __future__ import annotations
 

@@ -4,9 +4,8 @@ Mosaic GPU kernels see whole arrays in GMEM; a tile moves to SMEM by a TMA copy 
 barrier and back by an SMEM-to-GMEM copy. ``tiled_kernel`` writes those copies for a kernel
 described as blocks (the shape each grid point reads or writes, and where), so a kernel
 file states only its arithmetic on the loaded tiles. The grid is ``plgpu.kernel``'s named
-grid (read with ``lax.axis_index``): Pallas's GPU interpreter, which runs these kernels on
-CPU, supports that but not ``pallas_call`` BlockSpecs with index maps, and it evaluates
-``pl.program_id`` as 0 (JAX 0.11.2 and 0.12.0.1).
+grid (read with ``lax.axis_index``), the form Pallas's GPU interpreter also runs on CPU
+(docs/backends.md).
 """
 from __future__ import annotations
 
@@ -44,12 +43,12 @@ class Block:
 WHOLE = None  # a Block of None: the grid point reads the whole (small) input
 
 # Mosaic GPU copies to and from SMEM move a multiple of 128 bytes, and a vector it stores
-# holds a multiple of 128 elements (JAX 0.11.2, 0.12.0.1): a WHOLE input (a few scalars) is
-# zero-padded to this many elements, and a per-tile value is written as this many copies.
+# holds a multiple of 128 elements: a WHOLE input (a few scalars) is zero-padded to this
+# many elements, and a per-tile value is written as this many copies.
 SMEM_LANES = 128
 
 # Lane semantics (each thread holds part of a tile, Mosaic GPU's own layouts): the
-# warpgroup semantics' layout inference (the default) refused every kernel here, e.g. a
+# warpgroup semantics' layout inference (the default) refuses these kernels, e.g. a
 # reduction of a tile to one value ("Scalars must be represented by non-vector types").
 COMPILER_PARAMS = dict(lowering_semantics=plgpu.LoweringSemantics.Lane)
 

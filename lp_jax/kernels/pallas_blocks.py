@@ -1,19 +1,11 @@
 """MXFP8 block quantization in one read of each tile, both orientations at once.
 
-A tile of the [A, R, C] view is read once and gives:
-
-- the row copy: 1x32 blocks along C (the copy a GEMM contracting over C reads), data in the
-  tile's layout, one E8M0 code per block;
-- the column copy: 1x32 blocks along R (the wgrad operand, blocked along the tokens),
-  written transposed ([A, C, R], TE's columnwise copy, what the GEMM reads in place) or in
-  the tile's layout.
-
-Each copy is quantized by ``lp_jax.numerics.quantize.mxfp8_blocks`` applied to the tile, so
-the rounding is the XLA path's by construction. Copies with the column copy transposed (or
-no column copy) go through ``mxfp8_copies``, written slice by slice so that Mosaic GPU
-lowers it for CUDA; an untransposed column copy, or a transposed one from float32, through
-``mxfp8_col_copy``, on strided views of the tile (lp_jax/kernels/strided.py). NVFP4 has its
-own kernels (lp_jax/kernels/pallas_nvfp4.py).
+A tile of the [A, R, C] view gives the row copy (1x32 blocks along C, in the tile's layout)
+and the column copy (1x32 blocks along R, the wgrad operand: written transposed, [A, C, R],
+as TE's columnwise copy the GEMM reads in place, or in the tile's layout), each with one
+E8M0 code per block. Each copy is quantized by ``lp_jax.numerics.quantize.mxfp8_blocks``
+applied to the tile, so the rounding is the XLA path's by construction. ``mxfp8_copies``
+and ``mxfp8_col_copy`` are two forms Mosaic GPU lowers for CUDA; ``block_copies`` picks one.
 """
 from __future__ import annotations
 

@@ -2,23 +2,14 @@
 column copy optionally after the 16-point RHT along R, with stochastic rounding), 16x16
 weight tiles, and the amax after the RHT.
 
-Mosaic GPU (JAX 0.11.2, 0.12.0.1) reduces a strided register array only to a scalar ("No
-support for axes yet"), cannot reshape or slice it, and stores one only where the store's
-read of the old value fits (a strided view of exactly 128 elements, one per thread of the
-warpgroup). So nothing here reduces along an axis: each tile is read as 16 strided SMEM
-views, one per position within a block (``ref.reshape(...).at[:, :, k]``), each an array
-of 128 elements holding one element of 128 different blocks, and a block's amax is an
-elementwise max over the 16 views (over the bits of |x|, as ``quantize.abs_max``). Scales,
-encode factors, the E2M1 codes and the RHT's butterflies are then elementwise too, by the
-XLA path's own functions (``nvfp4_block_encoding``, ``nvfp4_encode_codes``, ``rht_parts``),
-so the bits are the XLA path's. The codes of positions 2m and 2m+1 are packed into one byte
-(low nibble first, as XLA packs E2M1) in 32-bit integers (Mosaic GPU has no 8-bit
-arithmetic, and no E2M1 convert before Blackwell) and stored through a strided view; XLA
-turns the bytes into its E2M1 array by bitcasts (``e2m1_unpack``).
-
-Scales are written with the tile's long side last (a TMA copy moves rows of a multiple of
-16 bytes) and swapped to the XLA path's layout after: an XLA pass over 1/16 (1x16) or
-1/256 (16x16) of the data's elements.
+Nothing here reduces along an axis: each tile is read as 16 strided SMEM views of 128
+elements, one per position within a block (``strided.Tile``), and a block's amax is an
+elementwise max over them. Scales, encode factors, the E2M1 codes and the RHT are then
+elementwise too, by the XLA path's own functions (``nvfp4_block_encoding``,
+``nvfp4_encode_codes``, ``rht_parts``), so the bits are the XLA path's. Codes are packed two
+per byte (low nibble first, as XLA packs E2M1) in 32-bit integers, and XLA turns the bytes
+into its E2M1 array by bitcasts (``e2m1_unpack``). Scales are written with the tile's long
+side last and swapped to the XLA path's layout after (docs/backends.md).
 """
 from __future__ import annotations
 

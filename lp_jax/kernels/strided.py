@@ -1,14 +1,13 @@
 """Strided SMEM views: how the NVFP4 kernels (and MXFP8's untransposed column copy) reduce
-blocks in a form Mosaic GPU lowers for CUDA (JAX 0.11.2, 0.12.0.1).
+blocks in a form Mosaic GPU lowers for CUDA.
 
-Mosaic GPU reduces an array in its strided layout only to a scalar ("No support for axes
-yet") and cannot reshape or slice it, but it loads and stores a reshaped, transposed and
-indexed SMEM ref (a strided memref) in that layout. A tile is therefore read as one view per
-position within a block (``ref.reshape(tr, tc // b, b).at[rows, :, k]``), each view holding
-that position of many blocks, and a block's amax is an elementwise max over the views. A
-store through a strided view first reads the old value with a vector length derived from the
-view's size, which is valid for a strided view only at one element per thread: every view a
-kernel stores is exactly ``LANES`` elements.
+Mosaic GPU reduces an array in its strided layout only to a scalar and cannot reshape or
+slice it, but it loads and stores a reshaped, transposed and indexed SMEM ref (a strided
+memref) in that layout. A tile is therefore read as one view per position within a block
+(``ref.reshape(tr, tc // b, b).at[rows, :, k]``), each view holding that position of many
+blocks, and a block's amax is an elementwise max over the views. A store through a strided
+view is valid only at one element per thread, so every view a kernel stores is exactly
+``LANES`` elements (docs/backends.md).
 """
 from __future__ import annotations
 
@@ -32,9 +31,9 @@ class Tile:
 
     Compiled, the views are SMEM refs (Mosaic GPU lowers a reshaped, transposed, indexed
     ref to a strided memref). Pallas's GPU interpreter supports neither reshaped nor
-    dynamically indexed refs (JAX 0.11.2, 0.12.0.1), so there the tile is read once as a
-    value, viewed the same way, and written back once (``flush``); the arithmetic on the
-    views is the same code either way.
+    dynamically indexed refs, so there the tile is read once as a value, viewed the same
+    way, and written back once (``flush``); the arithmetic on the views is the same code
+    either way.
     """
 
     ref: object

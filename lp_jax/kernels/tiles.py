@@ -3,7 +3,7 @@
 Every kernel sees a 3-D view ``[A, R, C]`` of its tensor (A: a batch of independent
 matrices, e.g. the leading axes of a blocked-along-a-middle-axis tensor) and runs one grid
 point per (a, R-tile, C-tile). Tiles are multiples of 32 on both sides (64 for MXFP8, whose
-kernel needs 64-row register tiles; NVFP4's kernels choose their own, in pallas_nvfp4.py);
+kernel needs 64-row register tiles; NVFP4's kernels choose their own: ``pallas_nvfp4``);
 a ragged tensor is zero-padded to whole tiles first (zeros change no block's amax and are
 sliced off after).
 """

@@ -1,17 +1,11 @@
 """Quantize-and-decode in one pass, for GEMM operands that are never stored.
 
-An operand consumed at once by its GEMM (fprop x, the two copies of dy in the backward)
-need not exist as packed low-precision bytes: the GEMM multiplies its exact dequantized
-values. Computing those values straight from the high-precision tensor saves a pass that
-writes FP4/FP8 data and another that decodes it. Operands the backward keeps (residuals)
-still go through ``lp_jax.quantize`` and are stored packed.
-
-Each function returns (values, factor): float32 values of t with the blocked ``axis``
-moved last (the layout the blocks are computed in, which is also the contraction-last
-layout a GEMM reads fastest: moving the axis back would cost a transposed copy), equal to
-the dequantized tensor divided by the scalar ``factor`` (None when there is none), which
-the GEMM applies to its FP32 result. The rounding is the same code as ``quantize``'s
-(tests/test_dot_general.py compares the GEMMs against quantize/dequantize).
+An operand its GEMM consumes at once needs no packed low-precision bytes: these functions
+compute its exact dequantized values straight from the high-precision tensor, with the same
+rounding code as ``lp_jax.quantize``. Each returns (values, factor): float32 values of t
+with the blocked ``axis`` moved last (the layout the blocks are computed in, and the
+contraction-last layout a GEMM reads), equal to the dequantized tensor divided by the
+scalar ``factor`` (None when there is none), which the GEMM applies to its FP32 result.
 """
 from __future__ import annotations
 
@@ -73,10 +67,9 @@ def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
 def nvfp4_values_in_place(t, rounding="nearest", key=None):
     """``nvfp4_values(t, 0, ...)`` for 2-D t, with 1-D blocks along axis 0, laid out as t is
     (blocks down the columns) instead of with that axis moved last: the same values,
-    transposed, without the transposed pass over t (XLA:CPU: 13.5 against 25 ms for a
-    2048x1536 gradient with its RHT), for a GEMM that reads its operand contracting the
-    first axis. Stochastic rounding draws each element's bits by its place in the moved
-    layout, as ``nvfp4_values`` does, so the rounding is the same bit for bit."""
+    transposed, without the transposed pass over t, for a GEMM that reads its operand
+    contracting the first axis. Stochastic rounding draws each element's bits by its place
+    in the moved layout, as ``nvfp4_values`` does, so the rounding is the same bit for bit."""
     m, n = t.shape
     s_enc = nvfp4_tensor_scale(abs_max(t))
     xb = to_blocks_in_place(t, NVFP4_BLOCK)

@@ -1,18 +1,10 @@
 """Element formats and the exact float32 bit manipulations the scaling rules need.
 
-Everything here is pure jnp on float32 and follows docs/numerics.md (the numerics
-contract). Three facts shape the code:
-
-- ``astype`` to E4M3/E5M2 does not saturate (overflow becomes NaN/inf), so every cast goes
-  through ``cast_satfinite``; ``astype`` to E8M0 rounds to nearest, so E8M0 codes are built
-  from exponent bits and bitcast, never cast.
-- XLA on CPU flushes float32 subnormals to zero in arithmetic. The code avoids products that
-  could be subnormal where the result would differ (powers of two are applied in two halves;
-  the one subnormal case of the MXFP8 scale rule is decided by a precomputed threshold).
-- XLA before 0.12 (JAX 0.11) rewrites (a * c1) * c2 as a * (c1 * c2) for float constants
-  and folds c1 * c2 into one constant. So two constant factors never follow each other
-  unless their product is a normal float32: split powers of two would fold back into a
-  flushed subnormal (or an infinite) factor (``mul``, ``mul_exp2``; docs/jax_versions.md).
+Pure jnp on float32, following docs/numerics.md. Every cast saturates (``cast_satfinite``),
+and E8M0 codes are built from exponent bits, never cast. Results stay exact where XLA on CPU
+flushes float32 subnormals to zero, and where an older XLA folds consecutive float constant
+factors into one (docs/jax_versions.md): powers of two are applied as two normal factors, and
+no two constant factors follow each other unless their product is a normal float32.
 """
 from __future__ import annotations
 
@@ -72,7 +64,7 @@ INV_E4M3_MAX = np.float32(1) / np.float32(448)
 # The largest float32 amax whose product with INV_E4M3_MAX rounds (on the subnormal grid)
 # to at most 2^-127, i.e. to a subnormal mantissa <= 0x400000: those blocks get code 0, the
 # rest of the subnormal range code 1. Precomputed exactly (fractions) because the product
-# itself is flushed to zero on CPU. tests/test_formats.py re-derives it.
+# itself is flushed to zero on CPU.
 RCEIL_CODE0_MAX_AMAX = np.uint32(0x04600001).view(np.float32)
 
 
@@ -185,10 +177,9 @@ def mul(x, s):
     result is normal. A subnormal result, inf or NaN takes a float multiply by the normal
     constant 2^-126 instead (a subnormal result is then flushed on CPU, kept on GPU).
 
-    Integers, not a second float constant: XLA before 0.12 (JAX 0.11) reassociates
-    (a * c1) * c2 into a * (c1 * c2) for float constants, which turned the two exact
-    steps x * m * 2^-75 * 2^-74 into x * m * 2^-149, a subnormal constant that CPU
-    flushes to zero, zeroing every such product under jit (docs/jax_versions.md).
+    Integers, not a second float constant: XLA before 0.12 folds two float constant
+    factors into one, and a folded subnormal constant is flushed to zero on CPU
+    (docs/jax_versions.md).
     """
     bits = f32_bits(s)
     subnormal = ((bits >> 23) & 0xFF) == 0
@@ -272,8 +263,7 @@ def uniform_from_counter(key, shape):
     threefry output, and lp_jax derives one per call site and operand); each element's bits
     are a hash of its index and the seeds, as TE's kernels derive per-thread bits from a
     seed and an offset. This is elementwise integer work that fuses into the quantization
-    kernel: drawing the same amount of threefry output costs several times the whole
-    quantization on CPU.
+    kernel, where threefry output per element would cost far more (docs/numerics.md).
     """
     n = int(np.prod(shape)) if shape else 1
     return uniform_from_index(sr_seeds(key), lax.iota(jnp.uint32, n).reshape(shape))
@@ -301,7 +291,7 @@ def e2m1_from_codes(code):
     """float4_e2m1fn from 4-bit codes held in an unsigned integer (``e2m1_codes``), by a bitcast.
 
     XLA's f32 -> f4e2m1fn convert is a slow generic routine on CPU; building the 4-bit
-    code and bitcasting it is about 2.5x faster and gives the same bits (tests compare).
+    code and bitcasting it is faster and gives the same bits (tests compare).
     """
     return lax.bitcast_convert_type(code.astype(jnp.uint4), E2M1)
 

@@ -3,11 +3,10 @@
 
 A ``QuantizedTensor`` is a pytree of real low-precision arrays (``float8_e4m3fn``,
 ``float8_e5m2``, ``float4_e2m1fn``, ``float8_e8m0fnu``) plus static metadata, so it passes
-through ``jit``, ``vmap`` and ``custom_vjp`` residuals. The blocked kernels below work on
-float32 arrays already laid out as ``[..., n_blocks, block]``; the quantized dot_general
-calls them directly on its own layouts, and ``quantize_xla`` (behind the public
-``lp_jax.quantize``) only moves the blocked axis last, pads, and calls the same kernels, so
-the GEMMs, the Pallas kernels and the public API share one definition of every rounding.
+through ``jit``, ``vmap`` and ``custom_vjp`` residuals. The block functions below work on
+arrays already laid out as ``[..., n_blocks, block]``; ``quantize_xla`` only moves the
+blocked axis last, pads and calls them, and every other quantizer (the GEMM operands, the
+Pallas kernels) calls the same functions: one definition of every rounding.
 """
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def abs_max(x, axis=None, keepdims=False):
     Taken in x's own dtype (a max picks an element, so it is exact), which spares a
     materialized float32 copy of a bf16 tensor. The max is over the bits of |x| as unsigned
     integers, which order non-negative floats as their values and every NaN above inf: XLA:CPU's
-    float max reduction can drop a NaN (a block holding NaN and inf gave inf, a block of a
-    64x96 tile holding one NaN gave its finite max; JAX 0.11.2 and 0.12.0.1).
+    float max reduction can drop a NaN (docs/backends.md).
     """
     a = jnp.abs(x)
     uint = {2: jnp.uint16, 4: jnp.uint32}[a.dtype.itemsize]
@@ -175,7 +173,7 @@ def nvfp4_encode_codes(x, enc, rounding="nearest", key=None):
 
 def nvfp4_encode_values(x, enc, rounding="nearest", key=None):
     """The float32 values of ``nvfp4_encode(x, enc, ...)``, with no fp4 convert (for GEMM
-    operands that are decoded at once: lp_jax/numerics/decoded.py)."""
+    operands that are decoded at once: ``lp_jax.numerics.decoded``)."""
     return F.e2m1_round_values(_nvfp4_scaled(x, enc), rounding, key)
 
 
@@ -183,8 +181,8 @@ def nvfp4_block_encoding(amax_b, s_enc, barrier=True):
     """(E4M3 block scales s_b, float32 encode factors enc_b), one per block.
 
     The barrier materializes enc_b per block: fused into the elementwise pass, XLA would
-    redo its exact integer arithmetic for every element (3x slower on CPU). A Pallas kernel
-    computes each block's factor once anyway and passes barrier=False (same bits).
+    redo its exact integer arithmetic for every element. A Pallas kernel computes each
+    block's factor once anyway and passes barrier=False (same bits).
     """
     s_b = nvfp4_block_scales(amax_b, s_enc, barrier)
     enc = F.nvfp4_encode_factor(s_b.astype(jnp.float32), F.recip(s_enc))

@@ -1,10 +1,9 @@
 """Reshapes that split or merge one axis, carrying an explicit sharding along.
 
-Under an Explicit mesh (the default of ``jax.make_mesh`` since JAX 0.12) a reshape of a
-sharded axis must name its output sharding. Splitting an axis into (blocks, block) keeps
-the shards on the blocks axis, so a block never straddles two shards (the caller checks
-divisibility before training); merging puts them back. Under Auto meshes or without a
-mesh these are plain reshapes.
+Under an Explicit mesh a reshape of a sharded axis must name its output sharding. Splitting
+an axis into (blocks, block) keeps the shards on the blocks axis, so a block never straddles
+two shards (the caller checks divisibility before training); merging puts them back. Under
+Auto meshes or without a mesh these are plain reshapes.
 """
 from __future__ import annotations
 

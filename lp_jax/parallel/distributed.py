@@ -1,16 +1,10 @@
 """Multi-process runs: ``jax.distributed.initialize`` from the config or the environment.
 
-Every process runs the same ``train.py`` command; process 0 also hosts the coordinator.
-Where a value is not in the ``distributed`` config section it comes from the environment:
-
-    JAX_COORDINATOR_ADDRESS   host:port of process 0 (read by JAX itself too)
-    JAX_NUM_PROCESSES         how many processes
-    JAX_PROCESS_ID            this process's index, 0 .. JAX_NUM_PROCESSES-1
-    JAX_LOCAL_DEVICE_IDS      comma-separated local devices this process drives (optional)
-
-Under SLURM or Open MPI none is needed: JAX reads the launcher's variables. Initialization
-must happen before JAX touches a device, so train.py calls ``maybe_initialize`` right
-after reading the config and before validating the mesh against the device count.
+Every process runs the same ``train.py`` command. A value the ``distributed`` config
+section leaves unset comes from the environment (``JAX_COORDINATOR_ADDRESS``,
+``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``, ``JAX_LOCAL_DEVICE_IDS``) or, under SLURM or
+Open MPI, from the launcher's variables (docs/scaling.md, "Several hosts").
+``maybe_initialize`` must run before JAX touches a device.
 """
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
-"""Where a Linear's weight lives on the mesh, and what its GEMM does about it: the layout
-``apply_recipe(model, recipe, layout=LinearLayout(mesh_shape, tp_reduce_dtype))`` gives each
-Linear in the same pass that picks its recipe.
+"""Where a Linear's weight lives on the mesh, and what its GEMM does about it.
 
-- **FSDP gathers of quantized bytes** (``precision.param_gather``): a quantized Linear whose
-  kernel the partitioning rules split over ``fsdp`` gets the kernel's mesh layout
-  (``("fsdp", "tensor")`` for q/k/v/gate/up, ``("tensor", "fsdp")`` for o/down), so its GEMM
-  quantizes each device's FP32 master shard and all-gathers the FP8/FP4 bytes and scales
-  (lp_jax/gemm/param_gather.py). BF16 Linears (layer policy, LM head) keep the partitioner's
-  gather of the BF16 cast.
-- **BF16 tensor-parallel reductions** (``mesh.tp_reduce_dtype``): every Linear on lp_jax's
-  GEMM whose kernel is split over ``tensor`` is "row" (input features on ``tensor``: o_proj,
-  down_proj, the forward's partial sums) or "column" (output features: q/k/v/gate/up and the
-  LM head, the backward's input-gradient partial sums); those reduce with BF16 on the wire
-  and an FP32 sum (lp_jax/gemm/tensor_reduce.py). With ``fp32`` the partitioner all-reduces
-  the FP32 partial sums.
-
-Only static attributes of the dot_general change (part of the graphdef): the state tree and
-the checkpoints are the same whatever the layout.
+``apply_recipe(model, recipe, layout=LinearLayout(mesh_shape, tp_reduce_dtype))`` gives
+each Linear, in the pass that picks its recipe, its kernel's mesh layout when the GEMM
+all-gathers quantized bytes over ``fsdp`` (``precision.param_gather``,
+``lp_jax.gemm.param_gather``), and "row" or "column" when it reduces its tensor-parallel
+partial sums in BF16 (``mesh.tp_reduce_dtype``, ``lp_jax.gemm.tensor_reduce``). Only static
+attributes of the dot_general change: the state tree and the checkpoints are the same
+whatever the layout (docs/scaling.md).
 """
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """The device mesh: data, FSDP and tensor parallelism over (data, fsdp, tensor) axes.
 
-- ``data``: ranks that each hold a full copy of the (tensor-sharded) state and a slice of
-  the batch; each sums its micro-batches' gradients and they are reduced across ranks
-  once per optimizer step. With ZeRO-1 (``mesh.shard_optimizer``) the FP32 masters and
-  Adam moments are split over them too (lp_jax/training/step.py).
-- ``fsdp``: ranks that also take a slice of the batch, and shard parameters, gradients and
-  Adam moments (ZeRO-3): weights are all-gathered for each GEMM, gradients reduce-scattered.
-- ``tensor``: Megatron tensor parallelism: q/k/v/gate/up column-parallel, o/down
-  row-parallel, the vocabulary split over it; every tensor rank sees the same batch.
-
-Axis order is (data, fsdp, tensor) over ``jax.devices()`` in process order, so the tensor
-axis (the chattiest) spans neighbouring devices of one host, and each process's devices
-hold a contiguous range of the batch (what ``data.host_rows`` relies on).
-The axes are ``Auto``: the partitioner (Shardy/GSPMD) places collectives, steered by the
-parameter shardings and the activation constraints of ``partitioning``.
+``data`` and ``fsdp`` split the batch, ``fsdp`` also shards the state (ZeRO-3), ``tensor``
+is Megatron tensor parallelism (docs/scaling.md). Devices are laid out in process order,
+so the tensor axis (the chattiest) spans neighbouring devices of one host and each
+process's devices hold a contiguous range of the batch (what ``pipeline.host_rows``
+relies on). The axes are ``Auto``: the partitioner places the collectives, steered by the
+shardings of ``partitioning``.
 """
 from __future__ import annotations
 

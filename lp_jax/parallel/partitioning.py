@@ -1,32 +1,13 @@
 """Logical-axis rules: how parameters, optimizer state, gradients and activations are
 sharded over the (data, fsdp, tensor) mesh, in the Flax/MaxText convention.
 
-Two steps, as in MaxText: each tensor's dimensions get *logical* names, and a rule table
-maps names to mesh axes.
-
-- Parameters get their names from a path-regex table (``PARAM_AXES``) applied to the
-  state, so the model carries no sharding metadata and its state tree is unchanged; the
-  same table names the Adam moments (their paths end like the parameters') and the
-  gradients (constrained to the parameters' shardings inside the step).
-- Activations are named by the model itself (``models.sharding.constrain``) and mapped by
-  ``ACTIVATION_RULES`` through Flax's ``nnx.logical_axis_rules``.
-
-The rules give Megatron's tensor parallelism and ZeRO-3 FSDP: q/k/v/gate/up are
-column-parallel (output features on ``tensor``), o/down row-parallel (input features on
-``tensor``), the vocabulary of the embedding and LM head on ``tensor``; the hidden
-(``embed``) dimension of every weight is sharded over ``fsdp``, so the partitioner
-all-gathers each weight before its GEMM and reduce-scatters its gradient. Activations
-keep ``embed`` whole (a weight's ``embed`` shards are gathered, not the activations'),
-and split the batch over (data, fsdp).
-
-A dimension that its mesh axes do not divide is left unsharded on those axes (reported
-by ``sharding_report``), so any model compiles on any mesh.
-
-ZeRO-1 (``mesh.shard_optimizer``): the FP32 masters and Adam moments are also split over
-``data`` (``shard_optimizer=True`` here), the data axis placed after the axes already on
-the dimension, so gathering over ``data`` gives back the data-replicated layout in
-contiguous pieces (an all-gather, no shuffle). The step gathers the weights once per step
-and reduce-scatters the summed gradient once (lp_jax/training/step.py).
+Each tensor's dimensions get *logical* names and a rule table maps names to mesh axes.
+Parameters (and, by the same path table, their Adam moments and gradients) are named by
+``PARAM_AXES`` applied to the state, so the model carries no sharding metadata;
+activations are named by the model (``models.sharding.constrain``) and mapped by
+``ACTIVATION_RULES``. A dimension its mesh axes do not divide stays whole on them
+(``sharding_report``), so any model compiles on any mesh. docs/scaling.md explains the
+tables ("The sharding rules") and ZeRO-1's ``with_data_axis`` ("Communication at scale").
 """
 from __future__ import annotations
 
@@ -170,7 +151,7 @@ def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     """ACTIVATION_RULES for code running inside a ``shard_map`` whose ``manual_axes`` are
     manual: those axes are already split off by the shard_map, so no constraint names them.
     There the embedding lookup is also vocabulary-parallel over ``tensor`` ("lookup_vocab",
-    models/embedding_lookup.py: XLA's SPMD partitioner aborts on the plain gather there;
+    ``models.embedding_lookup``: XLA's SPMD partitioner aborts on the plain gather there;
     outside, the partitioner's all-to-all plan compiles and is cheaper, so no rule)."""
     if not manual_axes:
         return ACTIVATION_RULES

@@ -1,16 +1,10 @@
 """Checks, before compiling, that a mesh never splits a quantization block across shards.
 
-Every block of a quantized GEMM operand runs along a contraction axis: K for fprop (x and
-W), N for dgrad (dy and W), M, the tokens, for wgrad (x and dy); NVFP4's 16x16 weight tiles
-span K and N, and its random Hadamard transform mixes 16 consecutive tokens. If a mesh
-axis splits one of those dimensions into shards that are not whole blocks, a block (and
-its shared scale) would straddle two devices: the partitioner would have to gather the
-operand first (silently costing memory and bandwidth), so such a mesh is rejected instead,
-with the layer, the dimension, the mesh axis and the block size in the message.
-
-Per-tensor scales (FP8-CS, NVFP4's tensor scale) need no check: their amax is a ``jnp.max``
-over the whole logical array inside jit, which the partitioner turns into a global
-all-reduce(max) whatever the sharding.
+Every block of a quantized GEMM operand runs along a contraction axis (K for fprop, N for
+dgrad, the tokens M for wgrad; NVFP4's 16x16 weight tiles span K and N, its Hadamard
+transform 16 tokens). A mesh that cuts one of those dimensions into shards that are not
+whole blocks is rejected, naming the layer, the dimension, the mesh axis and the block
+size. Per-tensor scales need no check (docs/scaling.md, "Low precision under sharding").
 """
 from __future__ import annotations
 

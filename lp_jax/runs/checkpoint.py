@@ -1,27 +1,12 @@
 """Orbax checkpoints of a whole run: model, optimizer, step, RNG and data iterator together.
 
-One checkpoint is a Composite of three items:
-
-- ``state``: the train-state tree (FP32 params, other model state, optimizer state, step
-  counters, the RNG key data) via StandardSave. Its structure does not depend on the
-  precision recipe (recipes swap functions, not parameters), so a run may change recipe
-  across a resume;
-- ``data``: grain's iterator state (a position), so the resumed run reads exactly the
-  batches it would have read (one file per process; since every process is at the same
-  batch index, a run resumed with another process count takes process 0's);
-- ``meta``: JSON with the config and the recipe in force, for people and for checks.
-
-Restores go into an abstract target (shapes, dtypes, shardings from ``nnx.eval_shape``),
-so a resumed 8B run never initializes weights it is about to overwrite. The target's
-shardings may come from another mesh than the one that saved: Orbax reads each device's
-slices from the saved arrays, so a run saved on (data 2, fsdp 4) resumes on (fsdp 8).
-With several processes every one calls save and restore (Orbax writes each array's
-shards from the process that holds them and coordinates the commit); the run folder must
-be on a file system they all see.
-
-A save that cannot be written is a ``CheckpointWriteError`` at once (never Orbax's
-300-second wait for a folder that was never made). A resume takes the newest checkpoint
-that restores completely (``restore_newest``); newer damaged ones are named and set aside.
+One checkpoint is a Composite of ``state`` (the train-state tree, the same for every
+precision recipe), ``data`` (grain's iterator state, one file per process) and ``meta``
+(JSON: the config, the recipe in force, the model). Restores go into an abstract target,
+whose shardings may come from another mesh or process count; every process calls save and
+restore. A save that cannot be written is a ``CheckpointWriteError`` at once; a resume
+takes the newest checkpoint that restores completely (``restore_newest``) and sets newer
+damaged ones aside (docs/training.md, "Checkpoints"; docs/scaling.md, "Several hosts").
 """
 from __future__ import annotations
 
@@ -70,7 +55,7 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, keep: int, async_save: bool = True):
         self._ocp = ocp
         # Step folders are made before save() returns: made in the background, a folder
-        # that cannot be made leaves the writer waiting 300 s for a signal that never comes.
+        # that cannot be made leaves the writer waiting for a signal that never comes.
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))

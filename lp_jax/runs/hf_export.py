@@ -1,12 +1,10 @@
-"""A training run's checkpoint -> a Hugging Face Llama folder (`python -m models.hf export
-RUN_DIR HF_DIR [--step N] [--dtype bfloat16]`).
+"""A training run's checkpoint -> a Hugging Face Llama folder (``python -m lp_jax.export``).
 
 The folder holds what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer` read:
 config.json (with the tokenizer's BOS/EOS ids), the safetensors weights and the run's
-tokenizer files (hf_tokenizer_files.py). The weights are the checkpoint's FP32 masters,
-cast to `dtype` if asked; the optimizer state is never read. A precision recipe quantizes
-GEMM operands on the fly and never the stored weights, so a run trained in FP8, MXFP8 or
-NVFP4 exports exactly as its FP32 masters do.
+tokenizer files (``lp_jax.data.tokenizer_files``). The weights are the checkpoint's FP32
+masters, cast to `dtype` if asked; the optimizer state is never read, and the recipe the
+run trained in changes nothing (it quantizes GEMM operands, never the stored weights).
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """A new run that starts from existing weights: `init.hf=HF_DIR` (a Hugging Face Llama folder)
 or `init.checkpoint=RUN_DIR[@STEP]` (another run's FP32 masters).
 
-Only the weights are taken: the optimizer moments, the step counters and the learning-rate
-schedule start fresh, and the data order is the new run's own. The architecture is the
-weights' (config.json, or the model the source checkpoint records); `model.*` keys that are
-set override it where the weights allow (RoPE, norm epsilon, context length, remat, ...),
-and a key that would change a weight's shape or the vocabulary is refused. Everything is
-checked by `model_config` while the config is validated, so a bad source stops train.py
-with one line before anything is compiled; `load` runs once, when the loop builds a fresh
-run (a resumed run restores its own checkpoints and never reads the source again).
+Only the weights are taken: optimizer moments, step counters, schedule and data order
+start fresh. The architecture is the weights'; set `model.*` keys override it where the
+weights allow. `model_config` checks everything while the config is validated (UserError,
+one line); `load` runs once, when the loop builds a fresh run (docs/training.md, "Starting
+from other weights").
 """
 from __future__ import annotations
 

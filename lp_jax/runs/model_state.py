@@ -35,7 +35,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
         raise UserError(f"{checkpoint_dir}: no checkpoint folder")
     # Orbax warns about every item it is not asked for (the trainer's `data`, `meta`);
     # skipping them is the point here, so its warnings are held back while reading. A
-    # failed read's abandoned array reads would each print a traceback (quiet_reads.py).
+    # failed read's abandoned array reads would each print a traceback (``orbax_quiet``).
     with orbax_logs(logging.ERROR), abandoned_reads_hushed():
         # A PyTree handler reads the item whether it was written with StandardSave or
         # PyTreeSave, and knows its saved structure before anything is restored.

@@ -1,15 +1,12 @@
 """Quiet while a checkpoint is read: Orbax's logs (``orbax_logs``) and the reports of the
 reads a failed restore abandons (``abandoned_reads_hushed``).
 
-Orbax reads a checkpoint's arrays concurrently, in an event loop it closes as soon as one
-read fails (``orbax.checkpoint._src.asyncio_utils``). The reads still in flight complete
-afterwards into the closed loop; each completion raises ``RuntimeError: Event loop is
-closed`` on a TensorStore thread, where nothing can catch it, so Python reports it through
-``sys.unraisablehook``: a six-line traceback on stderr each, 244 of them after resuming
-the tiny config over one truncated checkpoint, burying the one warning that matters.
-Nothing is wrong beyond the failure already reported, so inside ``abandoned_reads_hushed``
-those reports (and only those) are dropped, and after a failure the block waits until
-they have stopped arriving.
+Orbax closes its event loop of concurrent array reads as soon as one read fails; each read
+still in flight then raises ``RuntimeError: Event loop is closed`` on a TensorStore thread,
+reported through ``sys.unraisablehook`` (docs/bad_input.md, case 5). Nothing is wrong
+beyond the failure already reported, so inside ``abandoned_reads_hushed`` those reports
+(and only those) are dropped, and after a failure the block waits until they have stopped
+arriving.
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
-"""A training run's checkpoints as a source of weights: what `python -m models.hf export`
+"""A training run's checkpoints as a source of weights: what `python -m lp_jax.export`
 writes out and what another run's `init.checkpoint` starts from.
 
 A source is named by the run folder (`config.yaml` inside), its checkpoint folder, or one
-step folder of it, as users point at them; `RUN_DIR@STEP` picks a step. The model is the
-one the checkpoint records in its `meta` item (`model`, written by the loop), so a run that
-itself started from other weights exports without them; checkpoints written before that
-key existed rebuild it from their saved config as the trainer does (preset, overrides, the
-tokenizer's vocabulary).
+step folder of it; `RUN_DIR@STEP` picks a step. The model is the one the checkpoint records
+in its `meta` item (`model`), so a run that itself started from other weights exports
+without them; a checkpoint that records none is rebuilt from its saved config as the
+trainer builds it (preset, overrides, the tokenizer's vocabulary).
 """
 from __future__ import annotations
 
@@ -94,8 +93,8 @@ def open_run(path: str, step: int | None = None) -> SavedRun:
     if not os.path.isdir(checkpoint_dir):
         raise UserError(f"{path}: no checkpoints ({checkpoint_dir} does not exist)")
     step, meta = read_meta(checkpoint_dir, step)
-    if meta is None:
-        raise UserError(f"{checkpoint_dir} step {step}: no readable item 'meta'")
+    if meta is None:  # a bare model-state checkpoint: the run folder's config.yaml describes it
+        meta = {"config": _folder_config(path, checkpoint_dir, step)}
     config = _config(meta, path)
     return SavedRun(path, checkpoint_dir, step, config, _model_config(meta, config, path),
                     str(meta.get("recipe", config.precision.recipe)))
@@ -103,7 +102,7 @@ def open_run(path: str, step: int | None = None) -> SavedRun:
 
 def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict | None]:
     """(step, its `meta` item or None when it has none) of a checkpoint folder; the latest
-    step by default."""
+    step by default. A meta item that cannot be read is a UserError."""
     options = ocp.CheckpointManagerOptions(create=False)
     with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
         steps = _steps(manager, checkpoint_dir)
@@ -118,7 +117,21 @@ def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict |
             return step, manager.restore(
                 step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except (FileNotFoundError, KeyError, ValueError):
-            return step, None
+            raise UserError(f"{checkpoint_dir} step {step}: no readable item 'meta'") from None
+
+
+def _folder_config(path: str, checkpoint_dir: str, step: int) -> dict:
+    """The run config of a checkpoint with no meta item (a model's state saved beside a
+    config.yaml): the folder's config.yaml."""
+    config_path = os.path.join(path, "config.yaml")
+    if not os.path.isfile(config_path):
+        raise UserError(f"{checkpoint_dir} step {step}: no readable item 'meta' (and no config.yaml "
+                        f"in {path} to describe it)")
+    with open(config_path) as f:
+        raw = yaml.safe_load(f)
+    if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict) or "preset" not in raw["model"]:
+        raise UserError(f"{config_path} has no model.preset")
+    return raw
 
 
 def _config(meta: dict, path: str):
@@ -131,8 +144,8 @@ def _config(meta: dict, path: str):
 
 
 def _model_config(meta: dict, config, path: str):
-    """The model the checkpoint records; for a checkpoint that records none (written before
-    the loop recorded it), the one its saved config builds from the preset."""
+    """The model the checkpoint records; for a checkpoint that records none, the one its
+    saved config builds from the preset."""
     try:
         if isinstance(meta.get("model"), dict):
             return config_from_dict(meta["model"])

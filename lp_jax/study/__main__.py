@@ -1,4 +1,4 @@
-"""`python -m lp_jax.study`: see lp_jax/study/cli.py."""
+"""`python -m lp_jax.study`: see ``lp_jax.study.cli``."""
 import sys
 
 from lp_jax.study.cli import main

@@ -67,7 +67,7 @@ def summarize(metrics: list[dict], target_step: int) -> dict:
     if len(v_steps):
         out["final_val_loss"], out["final_val_step"] = float(v_loss[-1]), int(v_steps[-1])
         last = next(m for m in reversed(metrics) if "val_loss" in m)
-        if last.get("val_loss_stderr") is not None:  # written by the trainer since it exists
+        if last.get("val_loss_stderr") is not None:  # not in every run's metrics.jsonl
             out["final_val_loss_stderr"] = _finite(last["val_loss_stderr"])
     if len(steps):
         tail = loss[-smoothing_window(len(loss)):]

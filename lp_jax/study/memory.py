@@ -1,22 +1,11 @@
 """Table 3: memory per component of a run's train step, per precision, without running it.
 
-Method (the report repeats it):
-- Master weights, gradients, optimizer moments: bytes of the abstract train state the
-  trainer builds (`nnx.eval_shape` of the model, `optax` state from `jax.eval_shape`):
-  FP32 parameters, one FP32 gradient of each, Adam's m and v (and its step counts).
-- What the backward keeps: the residuals that JAX saves between the forward and the
-  backward of one micro-batch (`jax.ad_checkpoint.print_saved_residuals`' list, the
-  trainer's own forward with the run's recipe, remat and layer policy). A residual whose
-  size changes when the micro-batch doubles is an activation; one that does not is a
-  compute copy of a parameter (its BF16 cast, or its quantized bytes and scales); a
-  residual that is a function argument aliases the master weights and costs nothing more.
-  Activations are split into the linear layers' saved GEMM inputs (what lp_jax's
-  dot_general keeps: BF16 for BF16 layers, FP8/FP4 bytes and scales for quantized ones)
-  and the rest (norms, attention, SwiGLU, loss). Sub-byte types count at their width
-  (FP4: 4 bits; XLA packs two per byte, on CPU as on a GPU).
-- Cross-check: XLA's `memory_analysis()` of the compiled train step (temp buffers:
-  activations, gradients and quantized copies after XLA's fusion and scheduling).
-  These residuals are JAX's list before XLA optimizes; XLA may fuse or recompute some.
+``memory_table_row(config, xla)`` gives the bytes of the master weights, gradients and
+optimizer moments (the trainer's abstract train state), of what the backward keeps for one
+micro-batch on one device (JAX's saved residuals: activations, of which the Linears' saved
+inputs, and compute copies of parameters; sub-byte types at their width) and, with ``xla``,
+XLA's ``memory_analysis()`` of the compiled train step. The method: docs/study.md, "How each
+number is measured", and the paragraph under the report's Table 3.
 """
 from __future__ import annotations
 

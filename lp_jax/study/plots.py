@@ -1,5 +1,6 @@
-"""The loss figures (as Figures 2-4 of NVIDIA's "Pretraining Large Language Models with NVFP4"): per set of variants, training loss
-and validation loss against tokens, and below each the relative gap to BF16 in percent."""
+"""The loss figures: per set of variants, training and validation loss against tokens, and
+below each the relative gap to BF16 in percent (as Figures 2-4 of NVIDIA's "Pretraining Large
+Language Models with NVFP4"); and the figure of the gaps by seed."""
 from __future__ import annotations
 
 import os

@@ -1,11 +1,10 @@
-"""Training the study's runs: find what each run folder already holds, then train what is
-missing in a child process (one at a time), printing progress lines from its metrics.
+"""Training the study's runs: what each run folder already holds (``inspect_run``), and
+``train``, which trains what is missing in a child process (one at a time), printing progress
+lines from its metrics.
 
-A child process per run, not a call into the loop: a crash, a non-finite stop or an
-out-of-memory kill in one precision ends that child only, and every run starts with a
-fresh JAX (no compiled steps or buffers left over from the previous precision). The
-child is exactly `python train.py --config RUN_DIR/study_config.yaml`, so any run can be
-repeated by hand; its output goes to RUN_DIR/train.log.
+The child is exactly `python train.py --config RUN_DIR/study_config.yaml` (its output in
+RUN_DIR/train.log), so any run can be repeated by hand; a failure ends that child only
+(docs/study.md, "Runs: train, resume, reuse").
 """
 from __future__ import annotations
 

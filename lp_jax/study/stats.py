@@ -1,15 +1,8 @@
 """Statistics of a multi-seed study: paired gaps to BF16, Student-t intervals, verdicts.
 
-Within a seed every precision starts from the same weights and sees the same batches, so
-the gap of a recipe to BF16 is taken per seed (paired) and the seeds' gaps are averaged.
-Their 95% confidence interval uses Student's t with n - 1 degrees of freedom: with the few
-seeds a study affords, the normal quantile (1.96) would claim far more certainty than the
-data hold (t is 4.30 for 3 seeds, 2.57 for 6).
-
-The BF16 twin (a second BF16 run per seed that differs only in the order of each batch's
-rows) gives the same statistics for a change that cannot affect quality: what "no effect"
-looks like at this scale.
-
+Gaps are paired by seed (same initial weights, same batches); the 95% interval of their mean
+uses Student's t with n - 1 degrees of freedom, since with a few seeds the normal quantile
+(1.96) would claim far more certainty than the data hold (t is 4.30 for 3 seeds, 2.57 for 6).
 No SciPy: the t quantile is computed here (regularized incomplete beta by its continued
 fraction, inverted by bisection) and checked against published tables in the tests.
 """

@@ -1,11 +1,10 @@
 """Per-slice FiLj for Linears stacked over layers (nnx.vmap + nnx.scan models).
 
 One stacked Linear serves every layer, so its static dot_general cannot differ per layer.
-This one reads the layer index the model gives through ``models.layer_scope``:
-a Python int picks the recipe statically; a traced scan index selects between the recipe
-and BF16 with ``lax.cond``, so only the chosen GEMMs run. (Under ``jax.grad`` the cond keeps
-residual buffers for both branches; lp_jax's own Llama avoids this by scanning over runs of
-identical unrolled layers instead.)
+This one reads the layer index the model gives through ``models.layer_scope``: a Python int
+picks the recipe statically; a traced scan index selects between the recipe and BF16 with
+``lax.cond``, so only the chosen GEMMs run (under ``jax.grad`` the cond keeps residual
+buffers for both branches).
 """
 from __future__ import annotations
 

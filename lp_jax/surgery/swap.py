@@ -1,34 +1,15 @@
 """apply_recipe: set the dot_general of the selected nnx.Linear modules, in place.
 
-Selection: by default every ``nnx.Linear`` inside a transformer layer, i.e. whose path has
-an integer right after a ``layers`` component (``layers/3/attn/q_proj``). The embedding and
-the LM head are never quantized, whatever the rules say (docs/numerics.md). ``include``
-and ``exclude`` are regular expressions (or lists of them) searched in the '/'-joined path.
-
-FiLj: the layer index is that integer; layers outside the policy get the BF16 recipe
-(still through LowPrecisionDotGeneral, so their weight gradients are FP32 like the rest).
-The recipe's ``bf16_layers`` (``precision.bf16_layers``) keeps any other listed layers in BF16
-the same way; the report's policy reads ``F0L0+bf16[0,3]`` then.
-
-Linears left unquantized (the LM head, anything excluded) get lp_jax's BF16 GEMM too, unless
-``fp32_weight_gradients=False``: the same BF16 operands and FP32 accumulation as
-``lax.dot_general`` in the forward (the same logits), but the weight gradient accumulated
-and returned in FP32. A BF16 ``nnx.Linear`` would compute its weight gradient as a BF16 dot,
-so when tokens are split over devices the partial gradients would be summed in BF16:
-measured on the tiny model over 8 CPU devices, LM-head gradient elements up to 6% (of the
-largest) off the one-device values, moving every loss after the first update by ~2e-5.
-So ``apply_recipe`` gives exactly the model the trainer trains. A user's own dot_general on
-an unselected Linear is left alone.
-
-Stacked layers (one Linear whose kernel has a leading layer axis, made with nnx.vmap and
-run under nnx.scan): the policy is applied per slice at run time by
-``LayerPolicyDotGeneral``, which reads the scan index the model passes through
-``models.layer_scope``. lp_jax's own Llama stores layers unrolled and scans over
-runs of identical layers instead, so its stacks split exactly where the policy changes.
-
-Only static attributes change (``dot_general``, ``promote_dtype``): the state tree is
-untouched, so a checkpoint from one recipe loads into a model swapped to another. Calling
-apply_recipe again replaces what the previous call set.
+Selection: by default every ``nnx.Linear`` inside a transformer layer (an integer right after
+a ``layers`` path component: ``layers/3/attn/q_proj``), never the embedding or the LM head,
+whatever the rules say; ``include`` and ``exclude`` are regular expressions (or lists of
+them) searched in the '/'-joined path. Layers the recipe keeps in BF16 (FiLj,
+``bf16_layers``) and, unless ``fp32_weight_gradients=False``, the unselected Linears get
+lp_jax's BF16 GEMM, whose weight gradient is FP32 (docs/numerics.md); a user's own
+dot_general is left alone. Stacked layers get the policy per slice
+(``LayerPolicyDotGeneral``). Only static attributes change (``dot_general``,
+``promote_dtype``), so a checkpoint from one recipe loads into a model swapped to another;
+calling apply_recipe again replaces what the previous call set.
 """
 from __future__ import annotations
 

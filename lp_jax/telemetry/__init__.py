@@ -1,3 +1,4 @@
-"""Quantization telemetry: per-operand statistics (stats.py), the probe that collects them for
-every quantized Linear on one batch (probe.py), their files (writer.py), and the SQNR
-heatmap (heatmap.py). docs/telemetry.md."""
+"""Quantization telemetry: the statistics of one GEMM operand (``lp_jax.telemetry.stats``), the
+probe that measures all six operands of every quantized Linear on one batch (``.probe``), the
+quant_stats.jsonl record and tables (``.records``), the files (``.writer``) and the SQNR
+heatmap (``.heatmap``). docs/telemetry.md."""

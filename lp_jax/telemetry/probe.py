@@ -1,24 +1,12 @@
 """The probe: statistics of all six GEMM operands of every quantized Linear, on one batch.
 
-The training step is left exactly as it is. Every N steps the loop runs this separate jitted
-forward + backward on that step's batch (its first micro-batch), with the step's weights,
-recipe, backend and stochastic-rounding key, so the GEMMs quantize what the step quantized.
-Nothing is added to the other steps.
-
-How the statistics get out of the backward pass without touching the GEMM code:
-``instrument`` wraps each Linear's dot_general in ``ProbeDotGeneral``, which puts two
-identity custom_vjp "taps" around the unchanged GEMM, one on its inputs (x, W) and one on its
-output y. Each tap also takes a zero "sink" row, ``sinks[linear][layer]`` of shape
-[6 operands, len(STATS)], and its backward returns the operands' statistics as the
-cotangent of that row (the input tap: fprop x, fprop W, dgrad W, wgrad x from the saved x
-and W; the output tap: dgrad dy, wgrad dy from the incoming cotangent, which is exactly the
-dy the GEMM's backward quantizes). The gradient of the loss with respect to the sinks is
-then the table of statistics, for unrolled and scanned layers alike (the row is indexed by
-the layer the model passes through ``models.layer_scope``).
-
-Stochastically rounded operands (NVFP4 dy) are quantized for the statistics with bits of
-their own (from the probe's key, the layer and the Linear), not the GEMM's: the
-distribution is the same, and the GEMM's bits stay exactly those of the step.
+``instrument(model, recipe)`` wraps each quantized Linear's dot_general in a ``ProbeDotGeneral``;
+``collect`` runs one forward and backward and returns the statistics, one
+[layers, 6, len(STATS)] array per Linear. Inside a ``collecting`` scope the GEMMs compute what
+they compute without the probe (stochastically rounded operands are measured with bits of
+their own, so the GEMM's bits stay the step's); outside it a ProbeDotGeneral is the plain
+GEMM. How the statistics leave the backward pass (identity custom-VJP taps, per-layer sinks):
+docs/telemetry.md.
 """
 from __future__ import annotations
 
@@ -62,8 +50,9 @@ _SCOPE: contextvars.ContextVar[_Collecting | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def collecting(sinks: dict, key) -> Iterator[None]:
-    """ProbeDotGenerals traced inside feed their statistics to ``sinks`` (see the module
-    docstring); outside, they are the plain GEMM."""
+    """ProbeDotGenerals traced inside feed their statistics to ``sinks`` (each tap's backward
+    returns them as the cotangent of its row, ``sinks[linear][layer]``); outside, they are the
+    plain GEMM."""
     token = _SCOPE.set(_Collecting(sinks, key))
     try:
         yield

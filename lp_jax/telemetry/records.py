@@ -1,16 +1,10 @@
-"""The statistics as rows: the quant_stats.jsonl schema, the console/markdown table and the
-SQNR grid of the heatmap (docs/telemetry.md).
+"""The statistics as rows: the quant_stats.jsonl record (schema 1, docs/telemetry.md), the
+console/markdown table and the SQNR grid of the heatmap.
 
-One record per probe:
-
-    {"schema": 1, "step": 100, "recipe": "nvfp4", "policy": "F0L1", "micro_batch": 0,
-     "layers": [{"layer": 0, "linear": "attn/q_proj", "bf16": false,
-                 "operands": {"fprop_x": {"amax": 3.9, "underflow": 0.07, ...}, ...}}, ...]}
-
-Layers in order, Linears sorted by name within a layer; ``bf16`` says the layer policy keeps
-that layer in BF16, and its ``operands`` are then null (nothing is quantized). Numbers
-are plain JSON floats; a NaN or infinite amax or SQNR is the string "nan", "inf" or "-inf"
-(as in metrics.jsonl); a scale exponent with no block to measure is null.
+One record per probe, layers in order, Linears sorted by name within a layer; ``bf16`` says
+the layer policy keeps that layer in BF16, and its ``operands`` are then null. Numbers are
+plain JSON floats; a NaN or infinite value is the string "nan", "inf" or "-inf" (as in
+metrics.jsonl); a scale exponent with no block to measure is null.
 """
 from __future__ import annotations
 

@@ -1,34 +1,11 @@
-"""Quantization statistics of one GEMM operand, in JAX (docs/telemetry.md).
+"""Quantization statistics of one GEMM operand, in JAX.
 
-``operand_stats(t, spec, axis, key)`` quantizes ``t`` exactly as the quantized dot_general
-does for that operand (the RHT first where the spec says, the same ``quantize`` call, the
-same block layout along ``axis``, the contraction axis of the GEMM that consumes it) and
-returns a float32 vector of STATS:
-
-- ``amax``: max |t| (NaN-propagating, as the quantizer's own amax);
-- ``underflow``: fraction of the finite non-zero inputs that quantize to zero (element
-  code 0, or an NVFP4 block scale of 0; inputs lost to a NaN block are not counted here);
-- ``saturation``: fraction of the finite non-zero inputs stored at the element format's
-  largest magnitude (448 E4M3, 57344 E5M2, 6 E2M1);
-- ``sqnr_db``: 10 log10(sum t^2 / sum (t - dequantized)^2) over the finite inputs; +inf
-  when the copy is exact (an all-zero tensor included), -inf when a finite input came back
-  non-finite (an MXFP8 block sharing a NaN);
-- ``scale_exp_min`` / ``scale_exp_max``: the smallest and largest base-2 exponent of the
-  scales used (E8M0: code - 127; E4M3 block scales and the FP8 per-tensor scale_inv:
-  floor(log2)), over the blocks whose amax is finite and non-zero (NaN when there is none);
-- ``scale_at_limit``: fraction of those blocks whose scale sits at its format's limit:
-  E8M0 code 0 or 254; an NVFP4 E4M3 block scale below the normal range (2^-6: subnormal or
-  flushed to 0; the top of the range, 448, is where the tensor scale puts the largest
-  block by design, so it is not counted); the FP8 per-tensor scale clamped to FLT_MAX.
-
-Everything is computed in a blocked layout of t's own element order (zero-padded; blocks
-along the first axis are not moved last, which would cost a transposed copy), with the
-quantizer's own rounding functions, and with no packing to low-precision bytes and back:
-the probe traces 42 of these per layer, so their compile time counts. Stochastic rounding
-draws its bits by place in that layout (the probe passes a key of its own anyway: the same
-distribution as the GEMM's bits, not the same bits). Counts are exact int32 sums, so the
-fractions are exact up to one float32 division; tests/test_quant_stats.py checks every
-statistic against NumPy.
+``operand_stats(t, spec, axis, key)`` quantizes the 2-D operand ``t`` exactly as the quantized
+dot_general does (the RHT first where the spec says, the same quantizer, the same blocks along
+``axis``, the contraction axis of the GEMM that consumes it) and returns float32 [len(STATS)]:
+amax, underflow, saturation, sqnr_db, scale_exp_min, scale_exp_max (NaN when no block has a
+finite non-zero amax) and scale_at_limit, each defined in docs/telemetry.md. Counts are exact
+int32 sums, so the fractions are exact up to one float32 division.
 """
 from __future__ import annotations
 
@@ -231,10 +208,8 @@ def _sums(axis, *per_element):
     ``axis`` (a block's elements), then over the rest. XLA:CPU runs a block-wise reduction
     as one loop over the elementwise expression it sums; a sum over everything at once
     becomes a tree of reduce-windows over the expression written out at full size. The
-    barrier keeps XLA from merging the two stages back into one. Measured on a 2048 x 384
-    NVFP4 operand (CPU): the statistics 2x faster than one [n, k] reduction of the stacked
-    arrays, which was 4-6x slower than a row reduction; one variadic reduction computing
-    every sum in one pass was slower than separate ones."""
+    barrier keeps XLA from merging the two stages back into one (docs/telemetry.md, "The
+    probe's cost", has the measurements)."""
     firsts = lax.optimization_barrier([jnp.sum(x, axis=axis) for x in per_element])
     return tuple(jnp.sum(f) for f in firsts)
 

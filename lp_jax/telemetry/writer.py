@@ -1,10 +1,10 @@
 """quant_stats.jsonl and the TensorBoard scalars and image of the training probe.
 
-Like metrics.jsonl, the file is truncated on resume to the restored step, so after a stop
-and a resume it reads as if the run had never stopped. TensorBoard goes to the run's
-``tensorboard/`` folder (its own event file beside metrics.py's): one scalar per statistic,
-layer, Linear and operand (``quant_sqnr_db/03.attn/q_proj.fprop_x``), and the SQNR of all
-layers as one heatmap image (``quant_stats/sqnr_db``, when matplotlib is installed).
+On resume the file is cut back to the restored step, so after a stop and a resume it reads
+as if the run had never stopped. TensorBoard gets its own event file in the run's
+``tensorboard/`` folder: one scalar per statistic, layer, Linear and operand
+(``quant_sqnr_db/03.attn/q_proj.fprop_x``), and the SQNR of all layers as one heatmap image
+(``quant_stats/sqnr_db``, when matplotlib is installed).
 """
 from __future__ import annotations
 

@@ -7,17 +7,10 @@
         train_iters=1000, lr_warmup_iters=100, lr_decay_iters=1000, mock=True)
     pretrain(config)
 
-As in Bridge (``megatron.bridge.recipes.llama.llama3``), the keywords are those of
-``_llama3_common``: dir, name, data_paths, mock, train_iters, global_batch_size,
-micro_batch_size, seq_length, lr, min_lr, adam_eps, lr_warmup_iters, lr_decay_iters,
-eval_interval, save_interval, with Bridge's defaults for this recipe (sequence 8192,
-global batch 768, micro-batch 1, lr 6e-4 -> 6e-6, eps 1e-8, warmup 2000, seed 1234).
-Differences, on purpose: the result is our frozen TrainConfig (change it with
-``override(config, "key=value", ...)`` or keyword overrides below), ``data_paths`` are
-globs of our token shards (``prepare_data``), not Megatron .bin/.idx prefixes, and
-``bf16_mixed`` is accepted too, for the BF16 baseline. Any other config key can be given
-as a keyword with ``__`` for the dots (``model__preset="tiny"``,
-``precision__last_bf16_layers=2``) or as ``**{"optimizer.b2": 0.99}``.
+The keywords and their defaults are those of Bridge's ``_llama3_common``
+(``megatron.bridge.recipes.llama.llama3``); the result is our frozen TrainConfig
+(``override`` changes it), and any other config key is a keyword with ``__`` for the dots
+(``model__preset="tiny"``). docs/training.md, "The same from Python", lists the differences.
 """
 from __future__ import annotations
 

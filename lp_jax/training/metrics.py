@@ -1,23 +1,9 @@
 """Model FLOPs, device peaks, and the metrics sinks (metrics.jsonl, TensorBoard, progress bar).
 
-Model FLOPs per token (training: forward + backward = 3x forward; the formula lives in
-models/config.py, ``flops_per_token`` and ``matmul_params``, re-exported here):
-
-    6 * N  +  12 * L * H * d_head * T
-
-- ``N``: parameters that take part in matrix multiplies: per layer Q, K, V, O, gate, up,
-  down, times L layers, plus the LM head (V x D). The embedding lookup is not a matmul
-  and is not counted (with tied embeddings the shared matrix counts once, as the head).
-  Each such parameter does one multiply-add (2 FLOPs) per token forward, 4 backward.
-- ``12 L H d_head T``: attention scores QK^T and the weighted sum PV, each ``2 T H d_head``
-  FLOPs per token forward, times 3 for training. T is the sequence length; the full
-  T x T square is counted (no discount for the causal or document mask), as in the PaLM
-  paper's MFU (Chowdhery et al. 2022, appendix B) and nanoGPT.
-
-``tflops_per_device`` = model FLOPs of the step / step time / devices. ``mfu`` divides it
-by the device's dense peak for the recipe's GEMM format (BF16 for bf16; FP8 for fp8_cs and
-mxfp8; FP4 for nvfp4, or BF16 on a device without FP4 tensor cores, where NVFP4 GEMMs run
-dequantized). The first step after a compilation includes the compilation time.
+Model FLOPs per token are ``6 N + 12 L H d_head T`` (``flops_per_token`` and
+``matmul_params`` of ``models.config``, re-exported here). ``tflops_per_device`` is the
+step's model FLOPs / step time / devices; ``mfu`` divides it by the device's dense peak for
+the recipe's GEMM format (``PEAK_TFLOPS``). docs/training.md, "Metrics", defines them.
 """
 from __future__ import annotations
 

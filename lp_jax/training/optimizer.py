@@ -1,14 +1,10 @@
 """AdamW on FP32 master weights, the learning-rate schedule, and the hyperparameters the
 jitted step needs, as one hashable value.
 
-The transformation is ``clip_by_global_norm -> adamw`` (optax), the order Megatron uses:
-clip the raw gradient, then Adam, then decoupled weight decay ``p -= lr * wd * p`` on
-parameters with two or more dimensions only (norm scales and biases are not decayed,
-as in Megatron Bridge). Moments are kept in the parameters' dtype, FP32.
-
-Gradient accumulation is done by the step itself (a scan over micro-batches summing FP32
-gradients), not by ``optax.MultiSteps``: the optimizer then counts real steps, and the
-accumulated gradient is exactly the gradient of the token-mean loss of the global batch.
+The transformation is ``clip_by_global_norm -> adamw`` (optax), in Megatron's order, with
+decoupled weight decay on parameters of two or more dimensions only and moments in the
+parameters' dtype, FP32. Gradient accumulation is the step's own, not ``optax.MultiSteps``
+(docs/training.md, "Optimization").
 """
 from __future__ import annotations
 

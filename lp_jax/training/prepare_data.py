@@ -1,5 +1,5 @@
-"""``python -m lp_jax.training.prepare_data``: the former path of ``python -m
-lp_jax.data.prepare_data``, kept so existing job scripts still run."""
+"""``python -m lp_jax.training.prepare_data``: the same command as ``python -m
+lp_jax.data.prepare_data``, for job scripts that call it by this name."""
 import sys
 
 from lp_jax.data.prepare_data import main

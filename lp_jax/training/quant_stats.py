@@ -2,9 +2,9 @@
 step runs, the probe measures the step's own batch (its first micro-batch), weights, recipe
 and stochastic-rounding key, and the statistics go to quant_stats.jsonl and TensorBoard.
 
-The train step itself is not changed, so steps without a probe cost exactly what they did;
-a probe step costs one extra forward and backward with the statistics (and, the first time
-and after a precision switch, the probe's compilation).
+The train step itself is not changed, so steps without a probe cost what they cost with
+the telemetry off; a probe step costs one extra forward and backward with the statistics
+(and, the first time and after a precision switch, the probe's compilation).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def probe_step(graphdef, layout, mesh, params, rest, batch, rng, step):
 
 def scan_layers_for_probe(model) -> None:
     """Scans the probe's copy of an lp_jax Llama over runs of identical layers (the layers'
-    arithmetic is the same; models/llama.py): the statistics are traced once per run of
+    arithmetic is the same; ``models.llama``): the statistics are traced once per run of
     layers instead of once per layer, which keeps the probe's compile time from growing with
     depth (each layer adds 42 quantizations to measure)."""
     config = getattr(model, "config", None)

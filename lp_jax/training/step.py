@@ -1,35 +1,13 @@
 """The jitted train and eval steps.
 
-``train_step`` and ``eval_step`` take the model's graphdef and a hashable StepSpec (which
-holds the mesh) as static arguments and the state as an ordinary pytree: ``nnx.merge``
-runs inside, at trace time only. Each is a ``jax.jit`` with explicit in/out shardings from
-``partitioning`` (state by the parameter rules, batches over (data, fsdp), metrics
-replicated), built once per (spec, state structure) and cached, so two runs with the
-same config in one process (the resume tests) share one compilation. A precision recipe
-lives in the graphdef (the swapped ``dot_general``), so switching recipe compiles a new
-step.
-
-Inside, the forward runs under the mesh and ``partitioning.ACTIVATION_RULES`` (the
-model's logical activation constraints), and gradients are constrained to the
-parameters' shardings: FSDP reduce-scatters them every micro-batch, as ZeRO-3 does.
-
-Data parallelism reduces once per optimizer step, not once per micro-batch: with
-``mesh.data > 1`` the micro-batch loop runs inside a ``shard_map`` that is manual over
-``data`` only (fsdp and tensor stay with the partitioner), each data rank sums its
-micro-batches' FP32 gradients locally, and the sums leave the shard_map stacked along a
-new leading ``data`` axis, unreduced; one sum over that axis, constrained to the
-gradient's sharding, is the step's single data-axis reduction (an all-reduce, or with
-ZeRO-1 a reduce-scatter: XLA:CPU writes it as all-reduce + slice). Per-tensor amaxes
-inside are reduced over ``data`` (``lp_jax.numerics.manual_axes``), so every rank
-quantizes with the logical tensor's scale, as the partitioned program does.
-
-ZeRO-1 (``StepSpec.shard_optimizer``): masters and Adam moments are split over ``data``
-too; the step all-gathers the weights once (matrices in ``gather_dtype``, the model's
-compute dtype), reduce-scatters the gradient sum once, and updates its own slice.
-
-Stochastic-rounding bits: the forward of micro-batch ``m`` of step ``s`` runs inside
-``lp_jax.context.rng_scope(fold_in(fold_in(key(seed), s), m))``, so a resumed run
-redraws exactly the bits the uninterrupted run drew.
+Both take the model's graphdef and a hashable StepSpec (which holds the mesh) as static
+arguments and the state as a pytree; each is a ``jax.jit`` with explicit in/out shardings
+from ``partitioning``, cached per (spec, state structure), so a recipe switch (a new
+graphdef) compiles a new step. With ``mesh.data > 1`` the micro-batch loop runs in a
+``shard_map`` manual over ``data`` and the gradient is reduced over ``data`` once per step;
+ZeRO-1 gathers the weights once per step (docs/scaling.md, "Communication at scale").
+Micro-batch ``m`` of step ``s`` draws its stochastic-rounding bits inside
+``lp_jax.context.rng_scope(fold_in(fold_in(key(seed), s), m))``, so a resumed run redraws them.
 """
 from __future__ import annotations
 
@@ -89,7 +67,7 @@ def token_nll(logits, targets, mask):
     log_z = jax.nn.logsumexp(logits, axis=-1)
     # The target's logit picked by a masked sum (exact: one term), not take_along_axis: XLA's
     # SPMD partitioner aborts on that gather from vocabulary-sharded logits inside the
-    # trainer's data-parallel shard_map (JAX 0.11-0.12, fsdp and tensor both > 1).
+    # trainer's data-parallel shard_map when fsdp and tensor are both > 1 (docs/scaling.md).
     vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
     mask = mask.astype(jnp.float32)
@@ -138,7 +116,7 @@ def _jitted_eval_step(spec: StepSpec, treedef, shapes):
 def jitted_train_step(spec: StepSpec, state):
     """The jax.jit of the train step for this spec and state structure (state may be
     ShapeDtypeStructs: ``.lower(graphdef, spec, state, batch)`` compiles it abstractly,
-    as bench/bench_sharding.py does). The loop builds it once per run and calls it as
+    as ``bench.bench_sharding`` does). The loop builds it once per run and calls it as
     ``step(graphdef, spec, state, batch)``."""
     return _jitted_train_step(*_shardings_key(spec, state))
 
@@ -236,8 +214,8 @@ def gathered_weights(spec: StepSpec, params):
 
 
 def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step):
-    """_accumulate's sums over the whole batch with one data-axis reduction (see the
-    module docstring): gradients come back reduced and sharded like the masters."""
+    """_accumulate's sums over the whole batch with one data-axis reduction (docs/scaling.md,
+    "Communication at scale"): gradients come back reduced and sharded like the masters."""
     weights = gathered_weights(spec, params)
     dtypes = jax.tree.map(lambda p: p.dtype, params)
 

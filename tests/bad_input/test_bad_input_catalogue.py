@@ -9,7 +9,7 @@ CATALOGUE = ROOT / "docs" / "bad_input.md"
 
 
 def _named_in_catalogue() -> set[tuple[str, str]]:
-    return set(re.findall(r"`(tests/test_\w+\.py)::(test_\w+)`", CATALOGUE.read_text()))
+    return set(re.findall(r"`(tests/(?:\w+/)?test_\w+\.py)::(test_\w+)`", CATALOGUE.read_text()))
 
 
 def _tests_in(path) -> set[str]:

@@ -2,7 +2,7 @@
 along each axis, on ragged shapes and special values (Pallas GPU interpreter on CPU; NVFP4 in
 tests/kernels/test_pallas_nvfp4.py).
 
-The XLA path is itself checked against the NumPy oracle (tests/test_quantize_*.py), so equal
+The XLA path is itself checked against the NumPy oracle (tests/numerics/test_quantize_*.py), so equal
 bits here make the kernels correct by the same standard. Shapes are small: the interpreter
 runs each tile as a sequence of host callbacks."""
 import jax.numpy as jnp

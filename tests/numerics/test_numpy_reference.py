@@ -1,4 +1,4 @@
-"""Self-checks of the NumPy oracle (tests/numpy_reference*.py) against ml_dtypes and by hand.
+"""Self-checks of the NumPy oracle (tests/support/numpy_reference*.py) against ml_dtypes and by hand.
 
 The oracle decides what lp_jax must produce, so it is checked on its own first: its casts
 against ml_dtypes on every code and on every rounding tie, its scale rules on cases whose
