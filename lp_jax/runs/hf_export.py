@@ -2,7 +2,7 @@
 
 The folder holds what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer` read:
 config.json (with the tokenizer's BOS/EOS ids), the safetensors weights and the run's
-tokenizer files (``lp_jax.data.tokenizer_files``). The weights are the checkpoint's FP32
+tokenizer files (``lp_jax.data.tokenizers``). The weights are the checkpoint's FP32
 masters, cast to `dtype` if asked; the optimizer state is never read, and the recipe the
 run trained in changes nothing (it quantizes GEMM operands, never the stored weights).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from lp_jax.data.tokenizer_files import write_tokenizer_files
+from lp_jax.data.tokenizers import write_tokenizer_files
 from lp_jax.errors import UserError
 from lp_jax.runs.run_folder import SavedRun, open_and_restore
 from models.hf import save_hf

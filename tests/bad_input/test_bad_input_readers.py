@@ -12,8 +12,8 @@ import pytest
 from lp_jax.errors import UserError
 from lp_jax.evaluation.loading import load_from_run_dir
 from lp_jax.runs.run_folder import open_and_restore
-from tests.support.bad_input import ROOT, array_files, run, stopped_run, truncate  # noqa: F401 (fixtures)
 from tests.bad_input.test_bad_input_resume import DAMAGE
+from tests.support.bad_input import ROOT, array_files, run, stopped_run, truncate  # noqa: F401 (fixtures)
 
 
 def _truncate_every_array_file(step):

@@ -7,11 +7,10 @@ import shutil
 import pytest
 
 from lp_jax.config.yaml_io import load_config
-from lp_jax.training.metrics import read_metrics
 from lp_jax.data.tokenizers import ByteTokenizer
+from lp_jax.training.metrics import read_metrics
 from lp_jax.training.validate import Plan, model_shape_changes, resolve
-from tests.support.bad_input import (array_files, only_line, run, stopped_run, tiny, train,  # noqa: F401 (fixtures)
-                              truncate)
+from tests.support.bad_input import array_files, only_line, run, stopped_run, tiny, train, truncate  # noqa: F401 (fixtures)
 
 
 def _truncate_largest_array_file(step):

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from lp_jax.config.schema import TrainConfig
 from lp_jax.runs import checkpoint as checkpoint_lib
 from lp_jax.runs.checkpoint import Checkpointer
-from lp_jax.config.schema import TrainConfig
 from lp_jax.training.metrics import read_metrics
 from tests.support.bad_input import error_line, tiny, train
 

@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from lp_jax.data import pipeline as data, prepare_data, shards
+from lp_jax.data import pipeline as data
+from lp_jax.data import prepare_data, shards
 from lp_jax.data.tokenizers import ByteTokenizer
 
 BOS, EOS = ByteTokenizer.bos_id, ByteTokenizer.eos_id

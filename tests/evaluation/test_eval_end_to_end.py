@@ -12,8 +12,8 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import orbax.checkpoint as ocp
+import pytest
 import yaml
 from flax import nnx
 

@@ -9,9 +9,9 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
+from lp_jax.data.tokenizers import HFTokenizerFile
 from lp_jax.evaluation import loading
-from lp_jax.evaluation.hf_tokenizer import HFTokenizerFile
-from lp_jax.evaluation.tokenization import PairEncoder
+from lp_jax.evaluation.pair_encoding import PairEncoder
 from tests.support.eval_toys import write_byte_level_tokenizer
 
 

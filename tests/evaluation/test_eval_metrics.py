@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from lp_jax.evaluation.metrics import (doc_metrics, group_summary, mean_stderr, pooled_stderr,
-                                       task_summary)
+from lp_jax.evaluation.metrics import doc_metrics, group_summary, mean_stderr, pooled_stderr, task_summary
 
 
 def test_acc_acc_norm_acc_bytes():

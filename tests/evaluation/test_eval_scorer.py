@@ -5,11 +5,16 @@ import numpy as np
 import pytest
 
 from lp_jax.evaluation.metrics import doc_metrics
+from lp_jax.evaluation.pair_encoding import PairEncoder
 from lp_jax.evaluation.scorer import LoglikelihoodScorer, bucket_length
-from lp_jax.evaluation.tokenization import PairEncoder
-from tests.support.eval_toys import (VOCAB, BigramModel, ByteTokenizer, WordTokenizer,
-                              bigram_logits, reference_loglikelihood)
-
+from tests.support.eval_toys import (
+    VOCAB,
+    BigramModel,
+    ByteTokenizer,
+    WordTokenizer,
+    bigram_logits,
+    reference_loglikelihood,
+)
 
 MEMORY_EMB = np.random.default_rng(1).normal(size=(VOCAB, 8)).astype(np.float32)
 MEMORY_OUT = np.random.default_rng(2).normal(size=(8, VOCAB)).astype(np.float32)

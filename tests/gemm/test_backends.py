@@ -195,12 +195,12 @@ def test_platform_dependent_under_shard_map_remat_and_vmap():
 
 def _llama(recipe, dtype=jnp.bfloat16, scan_layers=False, num_layers=None):
     """(graphdef, StepSpec, state, SwapReport) of the trainer's step for the tiny Llama."""
-    from models import llama
-    from lp_jax.training import state as state_lib
     from lp_jax.parallel.mesh import make_mesh
-    from lp_jax.training.optimizer import make_optimizer
     from lp_jax.parallel.partitioning import state_shardings
+    from lp_jax.training import state as state_lib
+    from lp_jax.training.optimizer import make_optimizer
     from lp_jax.training.step import StepSpec
+    from models import llama
     from tests.support.toy_models import opt_spec
 
     cfg = llama.preset("tiny", dtype=jnp.dtype(dtype), scan_layers=scan_layers)

@@ -20,8 +20,8 @@ import pytest
 from flax import nnx
 
 import lp_jax
-from lp_jax.gemm.param_gather import _from_wire, _to_wire
 from lp_jax.config.schema import PrecisionConfig
+from lp_jax.gemm.param_gather import _from_wire, _to_wire
 from lp_jax.parallel.linear_layout import LinearLayout
 from models import llama
 from tests.support.forced_devices import run_python
@@ -183,6 +183,7 @@ def test_gathered_bytes_and_gemms_equal_the_unsharded_recipe(mesh):
 
 def test_a_shard_of_partial_blocks_is_refused():
     from jax.sharding import AbstractMesh
+
     from lp_jax.gemm import param_gather
 
     mesh = AbstractMesh((1, 8, 1), ("data", "fsdp", "tensor"))

@@ -6,10 +6,10 @@ becomes v @ H, output rounded to BF16. The oracle forms v @ H exactly and rounds
 """
 import jax
 import jax.numpy as jnp
-from jax import lax
 import ml_dtypes
 import numpy as np
 import pytest
+from jax import lax
 
 import lp_jax as lp
 from tests.support import numpy_reference as ref

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import lp_jax as lp
-from tests.support import quantize_checks as qc
 from tests.numerics.test_numpy_reference import RCEIL_HAND_CASES
+from tests.support import quantize_checks as qc
 
 F32 = np.float32
 ALL_FORMATS = ["fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]

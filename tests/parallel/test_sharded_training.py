@@ -40,6 +40,7 @@ import pytest
 
 from tests.support.forced_devices import run_python
 from tests.support.sharded_runs import meshes
+
 ONE = (1, 1, 1)
 
 

@@ -32,9 +32,9 @@ from lp_jax.training.step import token_nll
 from lp_jax.training.validate import resolve
 from models import llama
 from models.hf_config import tensor_map
+from tests.models.test_hf import TIED, UNTIED
 from tests.support import hf_numpy_llama
 from tests.support.eval_toys import write_byte_level_tokenizer
-from tests.models.test_hf import TIED, UNTIED
 from tests.training.test_training_loop import tiny
 
 TEXT = "import json\ndef main(argv):\n    return json.dumps(argv)  # Größe, 日本語 🙂\n"
@@ -134,7 +134,7 @@ def test_byte_tokenizer_files_encode_as_the_run(source):
     hf_dir = root / "hf"
     from tokenizers import Tokenizer
 
-    from lp_jax.evaluation.hf_tokenizer import HFTokenizerFile
+    from lp_jax.data.tokenizers import HFTokenizerFile
 
     tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     rng = np.random.default_rng(0)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from lp_jax.data import pipeline as data
-from lp_jax.runs.checkpoint import Checkpointer, PoisonedStateError, abstract_like
 from lp_jax.parallel.partitioning import state_shardings
+from lp_jax.runs.checkpoint import Checkpointer, PoisonedStateError, abstract_like
 from lp_jax.training.state import place_batch
 from lp_jax.training.step import train_step
 from tests.support.toy_models import setup

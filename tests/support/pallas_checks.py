@@ -3,10 +3,9 @@ every kind of value the quantizers treat specially (docs/quantizer_tests.md)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-
-import lp_jax as lp
 import numpy as np
 
+import lp_jax as lp
 from tests.support import quantize_checks as qc
 from tests.support import random_inputs
 

@@ -22,8 +22,8 @@ import sys
 import jax
 import numpy as np
 
-from lp_jax.training import state as state_lib
 from lp_jax.parallel.partitioning import path_string
+from lp_jax.training import state as state_lib
 from lp_jax.training.step import jitted_train_step
 from tests.support.sharded_runs import batches, build
 

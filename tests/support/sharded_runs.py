@@ -28,8 +28,8 @@ from flax import nnx
 
 import lp_jax
 from lp_jax.data import pipeline as data_lib
-from lp_jax.training import state as state_lib
 from lp_jax.parallel.mesh import make_mesh
+from lp_jax.training import state as state_lib
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec, train_step
 from models import llama

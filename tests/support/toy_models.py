@@ -11,12 +11,12 @@ import numpy as np
 from flax import nnx
 
 from lp_jax import context
-from models.layer_scope import layer_scope
-from lp_jax.training import state as state_lib
 from lp_jax.parallel.mesh import make_mesh
-from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.parallel.partitioning import state_shardings
+from lp_jax.training import state as state_lib
+from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.step import StepSpec
+from models.layer_scope import layer_scope
 
 
 def linear(din, dout, rngs):

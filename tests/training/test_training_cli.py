@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from lp_jax.runs.checkpoint import Checkpointer
 from lp_jax.config.yaml_io import load_config
+from lp_jax.runs.checkpoint import Checkpointer
 from lp_jax.training.loop import run
 from lp_jax.training.metrics import read_metrics
 from lp_jax.training.validate import resolve
