@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
 
 import jax.numpy as jnp
+from flax import nnx
 
 from lp_jax.data.tokenizers import HFTokenizerFile, get_tokenizer
 from lp_jax.errors import UserError
+from lp_jax.evaluation.pair_encoding import ScoringTokenizer
 from lp_jax.runs.model_state import restore_model_state  # noqa: F401  (re-exported: the state reader)
 from lp_jax.runs.run_folder import open_and_restore
 from models.hf import load_hf
@@ -32,8 +33,8 @@ DEFAULT_MAX_LENGTH = 2048
 
 @dataclasses.dataclass
 class LoadedModel:
-    model: Any  # callable: int32 tokens_BxL -> logits_BxLxV (an NNX module)
-    tokenizer: Any  # encode(text) -> list[int], bos_id
+    model: nnx.Module  # int32 tokens_BxL -> logits_BxLxV
+    tokenizer: ScoringTokenizer
     max_length: int
     source: str  # what was loaded, for the results file
 

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Protocol
 
 
-class Tokenizer(Protocol):
+class ScoringTokenizer(Protocol):
     """What evaluation needs of a tokenizer (the training tokenizers satisfy it)."""
 
     bos_id: int | None
@@ -33,7 +33,7 @@ class TokenizedRequest:
 class PairEncoder:
     """Encodes (context, continuation) pairs; caches context encodings (shared by choices)."""
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int):
+    def __init__(self, tokenizer: ScoringTokenizer, max_length: int):
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
         self.tokenizer = tokenizer

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from lp_jax.evaluation.pair_encoding import PairEncoder, TokenizedRequest, Tokenizer
+from lp_jax.evaluation.pair_encoding import PairEncoder, ScoringTokenizer, TokenizedRequest
 
 MIN_BUCKET = 16
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class LoglikelihoodScorer:
     is one); a request with an id outside it is an UnscorableError.
     """
 
-    def __init__(self, logits_fn, tokenizer: Tokenizer, *, max_length: int,
+    def __init__(self, logits_fn, tokenizer: ScoringTokenizer, *, max_length: int,
                  batch_size: int = 16, progress: bool = True, vocab_size: int | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

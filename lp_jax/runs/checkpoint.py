@@ -134,20 +134,23 @@ class Checkpointer:
         step's state is read, and what it raises propagates: a checkpoint of another model
         is not damaged and must not be set aside. With no usable checkpoint, ``step`` is
         None and nothing is renamed."""
-        skipped = []
-        for step in sorted(self.all_steps(), reverse=True):
+        def attempt(step: int) -> tuple[Any, str | None]:
             meta, reason = _attempt(lambda: self.read_meta(step))
             if reason is None and check is not None:
                 check(step, meta)
+            restored = None
             if reason is None:
                 restored, reason = _attempt(lambda: self.restore(step, abstract_state, data_iterator))
             if not _on_every_process(reason is None):  # all resume from the same step
-                skipped.append((step, reason or "another process could not restore it"))
-                continue
-            for bad, _ in skipped:
-                self._set_aside(bad)
-            return Resumed(step, *restored, skipped)
-        return Resumed(None, None, None, skipped)
+                return None, reason or "another process could not restore it"
+            return restored, None
+
+        step, restored, skipped = newest_that_restores(self.all_steps(), attempt)
+        if step is None:
+            return Resumed(None, None, None, skipped)
+        for bad, _ in skipped:
+            self._set_aside(bad)
+        return Resumed(step, *restored, skipped)
 
     def _set_aside(self, step: int) -> None:
         if jax.process_index() == 0:
@@ -185,6 +188,20 @@ class Resumed:
     state: Any
     meta: dict | None
     skipped: list[tuple[int, str]]
+
+
+def newest_that_restores(steps, attempt: Callable[[int], tuple[Any, str | None]]
+                         ) -> tuple[int | None, Any, list[tuple[int, str]]]:
+    """Tries ``attempt(step)`` -> (result, None) or (None, why it failed) on ``steps``, newest
+    first; returns (the first step that restored or None, its result, the newer steps skipped
+    as (step, why)). The trainer's resume and the run-folder readers both walk this way."""
+    skipped = []
+    for step in sorted(steps, reverse=True):
+        result, why = attempt(step)
+        if why is None:
+            return step, result, skipped
+        skipped.append((step, why))
+    return None, None, skipped
 
 
 def _attempt(read: Callable[[], Any]) -> tuple[Any, str | None]:

@@ -24,8 +24,9 @@ from lp_jax.config.schema import TrainConfig
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.errors import UserError, one_line
 from lp_jax.runs.architecture import preset_model_config, run_tokenizer
+from lp_jax.runs.checkpoint import newest_that_restores
 from lp_jax.runs.model_state import restore_model_state
-from models.config import architecture, config_from_dict
+from models.config import LlamaConfig, architecture, config_from_dict
 from models.llama import Llama
 
 
@@ -34,8 +35,8 @@ class SavedRun:
     source: str  # the path as given
     checkpoint_dir: str
     step: int
-    config: Any  # TrainConfig the checkpoint was saved with
-    model_config: Any  # models.config.LlamaConfig of its weights
+    config: TrainConfig  # the run config the checkpoint was saved with
+    model_config: LlamaConfig  # of its weights
     recipe: str  # precision recipe in force at that step
 
 
@@ -205,20 +206,21 @@ def newest_restorable(checkpoint_dir: str, attempt: Callable[[int], Any],
     skipped is a warning (stderr by default); with none left, UserError names every step
     and why."""
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
-    skipped = []
-    for step in reversed(saved_steps(checkpoint_dir)):
+
+    def attempt_or_why(step: int) -> tuple[Any, str | None]:
         try:
-            result = attempt(step)
-        except UserError as e:
-            # The reason without the "<folder> step N: " its message starts with.
-            skipped.append((step, re.sub(rf"^.*?step {step}: ", "", one_line(e), count=1)))
-            continue
-        for bad, why in skipped:
-            warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored ({why}); "
-                 f"skipped (left as it is), using step {step}")
-        return result
-    raise UserError(f"{checkpoint_dir}: no checkpoint restores: "
-                    + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
+            return attempt(step), None
+        except UserError as e:  # the reason without the "<folder> step N: " it starts with
+            return None, re.sub(rf"^.*?step {step}: ", "", one_line(e), count=1)
+
+    step, result, skipped = newest_that_restores(saved_steps(checkpoint_dir), attempt_or_why)
+    if step is None:
+        raise UserError(f"{checkpoint_dir}: no checkpoint restores: "
+                        + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
+    for bad, why in skipped:
+        warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored ({why}); "
+             f"skipped (left as it is), using step {step}")
+    return result
 
 
 def saved_steps(checkpoint_dir: str) -> list[int]:

@@ -114,19 +114,19 @@ class _Run:
 
     plan: Plan
     say: _Console
-    mesh: Any
+    mesh: jax.sharding.Mesh
     spec: StepSpec
     step_fn: Any  # the jitted train step, built once for this state's structure
     train_it: Any
     val_data: list | None
     ckpt: Checkpointer
     phase: Phase
-    graphdef: Any
+    graphdef: nnx.GraphDef
     state: dict
     start: int
-    writer: Any
+    writer: metrics_lib.MetricsWriter
     progress: metrics_lib.Progress
-    device: Any  # this process's first device (memory stats, platform, peak table)
+    device: jax.Device  # this process's first device (memory stats, platform, peak table)
     saved_step: int
     nonfinite_in_a_row: int = 0
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
@@ -243,7 +243,8 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
     return found.step, found.state
 
 
-def _with_recipe(model, phase: Phase, say, mesh, tp_reduce_dtype: str) -> Any:
+def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
+                 tp_reduce_dtype: str) -> nnx.GraphDef:
     """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
     bytes where precision.param_gather says so, tensor-parallel reductions in
     mesh.tp_reduce_dtype) and returns its graphdef."""

@@ -17,15 +17,17 @@ from lp_jax.config.schema import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.data import shards
 from lp_jax.data.prepare_data import split_by_file, text_files
+from lp_jax.data.tokenizers import Tokenizer
 from lp_jax.errors import UserError, one_line
 from lp_jax.gemm import backends
 from lp_jax.parallel import mesh_checks
 from lp_jax.parallel.mesh import mesh_shape
+from lp_jax.recipes import Recipe
 from lp_jax.runs import init_weights
 from lp_jax.runs.architecture import preset_model_config, run_tokenizer
 from lp_jax.runs.run_folder import checkpoint_folder
 from lp_jax.runs.writable import write_problem
-from models.config import SHAPE_FIELDS
+from models.config import SHAPE_FIELDS, LlamaConfig
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
@@ -39,7 +41,7 @@ class Phase:
 
     from_step: int
     name: str
-    recipe: Any  # lp_jax recipe object
+    recipe: Recipe
 
 
 @dataclasses.dataclass
@@ -47,8 +49,8 @@ class Plan:
     """A validated run: the config plus what was derived from it."""
 
     config: TrainConfig
-    model_config: Any  # models.llama.LlamaConfig
-    tokenizer: Any  # None for the mock source
+    model_config: LlamaConfig
+    tokenizer: Tokenizer | None  # None for the mock source
     phases: list[Phase]
     data_parallel: int  # ranks along the mesh's data axis
     fsdp: int
