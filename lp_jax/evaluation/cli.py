@@ -16,7 +16,7 @@ import sys
 import time
 
 from lp_jax.errors import UserError
-from lp_jax.evaluation.data_package import DataPackageError, package_dir
+from lp_jax.evaluation.data_package import package_dir
 from lp_jax.evaluation.tasks import TASKS, parse_task_names
 
 DTYPES = ("bfloat16", "float32")
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = _validate(args)
         loaded = _load(args)
     # Input errors only: a failure while scoring is a bug and keeps its traceback.
-    except (UserError, DataPackageError, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # UserError (DataPackageError too) is a ValueError
         print(f"eval.py: error: {e}", file=sys.stderr)
         return 2
     from lp_jax.evaluation.scorer import UnscorableError

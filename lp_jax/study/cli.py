@@ -102,7 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         os.environ["LP_JAX_STUDY_SET_PREALLOCATE"] = "1"
-    from lp_jax.evaluation.data_package import DataPackageError
     from lp_jax.study.runs import StudyInterrupted
     from lp_jax.study.study import StudyOptions, plan_seeds, run_study
 
@@ -122,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command=shlex.join(["python", "-m", "lp_jax.study",
                                 *(sys.argv[1:] if argv is None else argv)]))
         plan_seeds(options)  # every config error before anything trains
-    except (ValueError, DataPackageError) as e:  # UserError is a ValueError
+    except ValueError as e:  # UserError (DataPackageError too) is a ValueError
         print(f"python -m lp_jax.study: error: {e}", file=sys.stderr)
         return 2
     say = lambda line: print(line, flush=True)  # noqa: E731 - progress reaches nohup logs at once
