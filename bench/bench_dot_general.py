@@ -35,8 +35,8 @@ import lp_jax as lp  # noqa: E402
 from bench import peers  # noqa: E402
 from bench.common import interleaved_seconds, platform_line, print_table  # noqa: E402
 from lp_jax import context  # noqa: E402
-from models.layer_scope import layer_scope  # noqa: E402
 from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
+from models.layer_scope import layer_scope  # noqa: E402
 
 
 class Block(nnx.Module):

@@ -6,7 +6,7 @@
 A mesh ``d,f,t,z`` runs ZeRO-1 (mesh.shard_optimizer: masters and Adam moments split over
 data); ``d,f,t,fp32`` leaves the tensor-parallel partial sums to the partitioner's FP32
 all-reduces (mesh.tp_reduce_dtype=fp32) instead of the trainer's default BF16 reduction. A second table splits the bytes by the mesh axes each collective runs over and
-estimates the step's communication time (bench/comm_time.py) next to its compute time.
+estimates the step's communication time (lp_jax/plan/comm_time.py) next to its compute time.
 
 Nothing is allocated: the step is traced from jax.ShapeDtypeStructs carrying the
 partitioning rules' shardings, lowered and compiled for the CPU backend on 64 forced host
@@ -45,14 +45,14 @@ from flax import nnx  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
-from bench import comm_time  # noqa: E402
 from bench.hlo_collectives import KINDS, all_gathers, collective_bytes, collectives, mesh_axes  # noqa: E402
+from lp_jax.parallel.linear_layout import LinearLayout  # noqa: E402
 from lp_jax.parallel.mesh import make_mesh  # noqa: E402
-from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.parallel.partitioning import batch_sharding  # noqa: E402
+from lp_jax.plan import comm_time  # noqa: E402
+from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
-from lp_jax.parallel.linear_layout import LinearLayout  # noqa: E402
 from models import llama  # noqa: E402
 
 MESHES = ((8, 1, 1), (8, 1, 1, "z"), (1, 8, 1), (1, 4, 2, "fp32"), (1, 4, 2), (1, 1, 8, "fp32"), (1, 1, 8),

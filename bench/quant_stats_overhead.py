@@ -20,8 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import platform_line, print_table  # noqa: E402
-from lp_jax.training import quant_stats as telemetry  # noqa: E402
 from lp_jax.config.yaml_io import load_config  # noqa: E402
+from lp_jax.training import quant_stats as telemetry  # noqa: E402
 from lp_jax.training.loop import run  # noqa: E402
 from lp_jax.training.metrics import read_metrics  # noqa: E402
 from lp_jax.training.validate import resolve  # noqa: E402

@@ -26,11 +26,11 @@ from flax import nnx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import lp_jax  # noqa: E402
 from bench.common import platform_line, print_table  # noqa: E402
+from lp_jax.config.yaml_io import load_config  # noqa: E402
 from lp_jax.gemm.backends import backend_on, current_platform  # noqa: E402
+from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training import metrics as metrics_lib  # noqa: E402
 from lp_jax.training import state as state_lib  # noqa: E402
-from lp_jax.config.yaml_io import load_config  # noqa: E402
-from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.training.optimizer import make_optimizer  # noqa: E402
 from lp_jax.training.step import StepSpec, train_step  # noqa: E402
 from lp_jax.training.validate import resolve  # noqa: E402

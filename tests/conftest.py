@@ -4,6 +4,13 @@ import tempfile
 
 import pytest
 
+from lp_jax.plan.environment import deviceless
+
+# The suite runs on the CPU; where JAX's CUDA plugin is installed (the .[gpu] extra) it also
+# compiles for described GPUs, which needs the plugin's start-up check of CUDA skipped.
+# Before JAX is imported by any test module.
+deviceless()
+
 
 def pytest_configure(config):
     """One persistent XLA compilation cache for the whole run, shared by the xdist workers

@@ -32,7 +32,7 @@ STACK = (
     ("telemetry", ("lp_jax.telemetry",)),
     ("training", ("lp_jax.training",)),
     ("evaluation", ("lp_jax.evaluation",)),
-    ("commands", ("lp_jax.inspect", "lp_jax.study", "lp_jax.export")),
+    ("commands", ("lp_jax.inspect", "lp_jax.study", "lp_jax.export", "lp_jax.plan")),
 )
 # Layers that import nothing of the project at all.
 LEAVES = ("lp_jax.errors", "lp_jax.exports", "lp_jax.numerics", "lp_jax.recipes", "models.layer_scope")

@@ -16,7 +16,7 @@ EXIT_STOPPED = 1  # the run stopped before its end: non-finite steps, a checkpoi
 DEFAULT_CONFIG = "configs/tiny.yaml"
 
 
-def _find_config(path: str) -> str:
+def find_config(path: str) -> str:
     """A config path as given, else relative to the repository (train.py's folder)."""
     if os.path.exists(path):
         return path
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     try:
-        config = load_config(_find_config(args.config), args.overrides)
+        config = load_config(find_config(args.config), args.overrides)
         from lp_jax.parallel.distributed import maybe_initialize
         from lp_jax.training.validate import resolve
 

@@ -66,12 +66,17 @@ class Plan:
         return current
 
 
-def resolve(config: TrainConfig) -> Plan:
+def resolve(config: TrainConfig, device_count: int | None = None, check_files: bool = True) -> Plan:
+    """The run ``config`` describes, checked: UserError (one line) for anything that cannot
+    run. ``device_count`` (default: this process's devices) sizes the mesh; without
+    ``check_files`` the data files and run folders are not looked at (a plan that compiles
+    the step for other machines reads and writes nothing)."""
     _check_scalars(config)
     tokenizer = run_tokenizer(config)
     model_config = _model_config(config, tokenizer)
     phases = _phases(config, model_config.num_layers)
-    data_parallel, fsdp, tensor = _mesh(config)
+    data_parallel, fsdp, tensor = mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+                                             jax.device_count() if device_count is None else device_count)
     per_pass = config.data.micro_batch_size * data_parallel * fsdp
     if config.data.global_batch_size % per_pass:
         raise UserError(
@@ -83,8 +88,9 @@ def resolve(config: TrainConfig) -> Plan:
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
                              {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
                              config.data.micro_batch_size, config.data.seq_len)
-    _check_data(config)
-    _check_run_folders(config)
+    if check_files:
+        _check_data(config)
+        _check_run_folders(config)
     return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
                 config.data.global_batch_size // per_pass, tensor)
 
@@ -218,11 +224,6 @@ def _recipe(p: PrecisionConfig, key: str, num_layers: int):
                         f"{first + last} layers in BF16 but the model has {num_layers}; set "
                         f"{key}.first_bf16_layers / {key}.last_bf16_layers (sum <= {num_layers})")
     return recipe
-
-
-def _mesh(c: TrainConfig) -> tuple[int, int, int]:
-
-    return mesh_shape(c.mesh.data, c.mesh.fsdp, c.mesh.tensor, jax.device_count())
 
 
 def _check_data(c: TrainConfig) -> None:

@@ -152,7 +152,7 @@ def _worst(run, ref):
 
 
 def _tensor_wire_bytes(run, kinds):
-    from bench.comm_time import wire_bytes
+    from lp_jax.plan.comm_time import wire_bytes
     t = run["mesh"][2]
     return sum(wire_bytes(c["kind"], c["narrow_bytes"], t) * c["runs"] for c in run["collectives"]
                if c["axes"] == ["tensor"] and c["kind"] in kinds)

@@ -1,0 +1,86 @@
+"""The trainer's train step, built from abstract state and batch and compiled for GPUs that
+are only described (JAX's CUDA plugin, no device needed): the program those GPUs would run.
+
+The model, the recipe with its layout, the step's spec, the state's shardings and the batch
+are built as ``lp_jax.training.loop.build`` builds them, but as ShapeDtypeStructs on a mesh
+of the topology's devices, so nothing is allocated and no data is read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.experimental import topologies
+
+import lp_jax
+from lp_jax.kernels.launch import compiled_kernels
+from lp_jax.parallel.linear_layout import LinearLayout
+from lp_jax.parallel.mesh import make_mesh
+from lp_jax.parallel.partitioning import batch_sharding
+from lp_jax.plan.gpus import GPU
+from lp_jax.training.optimizer import make_optimizer
+from lp_jax.training.state import abstract_state, split_model
+from lp_jax.training.step import StepSpec, jitted_train_step
+from lp_jax.training.validate import Plan
+from models import llama
+
+BATCH_KEYS = (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
+              ("positions", jnp.int32), ("loss_mask", jnp.bool_))
+
+
+def topology_devices(gpu: GPU, count: int) -> list:
+    """``count`` abstract GPUs of kind ``gpu`` (deviceless)."""
+    topology = topologies.get_topology_desc(
+        platform="cuda", target_config=gpu.target_config(), topology=f"1x1x{count}")
+    return list(topology.devices)
+
+
+@dataclasses.dataclass
+class CompiledStep:
+    compiled: jax.stages.Compiled
+    text: str  # the optimized module
+    params_bytes: int  # FP32 masters and other model state, per device
+    optimizer_bytes: int  # Adam moments and counters, per device
+    compile_s: float
+    tokens_per_step: int
+
+
+def _device_bytes(tree, shardings) -> int:
+    total = 0
+    for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+        shard = sharding.shard_shape(leaf.shape)
+        total += jnp.dtype(leaf.dtype).itemsize * math.prod(shard)
+    return total
+
+
+def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
+    """The plan's first phase's train step compiled for ``count`` GPUs of kind ``gpu``."""
+    cfg = plan.config
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, devices=topology_devices(gpu, count))
+    spec = StepSpec.from_plan(plan, mesh)
+    tx = make_optimizer(spec.optimizer)
+    model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed)))
+    lp_jax.apply_recipe(model, plan.phases[0].recipe,
+                        layout=LinearLayout(dict(mesh.shape), cfg.mesh.tp_reduce_dtype))
+    graphdef, params, rest = split_model(model)
+    target = abstract_state((graphdef, params, rest), tx, cfg.seed)
+    shardings = spec.state_shardings(target)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target, shardings)
+    per_pass = cfg.data.micro_batch_size * plan.data_parallel * plan.fsdp
+    rows = batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, per_pass, cfg.data.seq_len), dtype, sharding=rows)
+             for k, dtype in BATCH_KEYS}
+    start = time.perf_counter()
+    # Traced for CUDA: Pallas kernels compiled by Mosaic GPU, not interpreted as on this CPU.
+    with compiled_kernels():
+        lowered = jitted_train_step(spec, state).trace(graphdef, spec, state, batch).lower()
+    compiled = lowered.compile()
+    return CompiledStep(compiled, compiled.as_text(),
+                        _device_bytes(target["params"], shardings["params"])
+                        + _device_bytes(target["rest"], shardings["rest"]),
+                        _device_bytes(target["opt_state"], shardings["opt_state"]),
+                        time.perf_counter() - start, cfg.data.global_batch_size * cfg.data.seq_len)
