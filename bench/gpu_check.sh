@@ -7,7 +7,7 @@
 #     bash bench/gpu_check.sh --tiny     # every part at tiny shapes: a CPU smoke run
 #                                        # (tests/bench/test_gpu_check.py runs it)
 # Part 2 needs pytest on that machine (the `test` extra); without it, part 2 is skipped.
-# Each part has its own time limit (they add up to 7 min 55 s) and the timing scripts stop
+# Each part has its own time limit (they add up to 7 min 45 s) and the timing scripts stop
 # starting new rows when their budget is spent, so a slow machine still leaves every table,
 # shortened.
 set -uo pipefail
@@ -65,7 +65,7 @@ echo "== 7. the plan's estimate for part 5's steps (python -m lp_jax.plan, devic
 if [[ -n "$TINY" ]]; then
   echo "   skipped with --tiny (tests/plan runs the plan at tiny shapes)"
 elif "$PY" -c "import sys; from lp_jax.plan.environment import plugin_problem; sys.exit(1 if plugin_problem() else 0)"; then
-  part 50 "$PY" -m lp_jax.plan --config configs/tiny.yaml --gpu h200 --gpus 1 --recipes bf16,fp8_cs \
+  part 40 "$PY" -m lp_jax.plan --config configs/tiny.yaml --gpu h200 --gpus 1 --recipes bf16,fp8_cs \
     model.preset=llama3_1b model.scan_layers=true data.seq_len=2048 data.global_batch_size=4 \
     data.micro_batch_size=4 data.source=mock
 else
