@@ -63,13 +63,13 @@ part 40 "$PY" bench/bench_kernels.py --rows 8192 --cols 4096 --budget-s 25 $TINY
 
 echo "== 7. the plan's estimate for part 5's steps (python -m lp_jax.plan, deviceless, docs/plan.md)"
 if [[ -n "$TINY" ]]; then
-  echo "   skipped with --tiny (tests/plan runs the plan at tiny shapes)"
+  echo "   not run with --tiny (tests/plan runs the plan at tiny shapes)"
 elif "$PY" -c "import sys; from lp_jax.plan.environment import plugin_problem; sys.exit(1 if plugin_problem() else 0)"; then
   part 40 "$PY" -m lp_jax.plan --config configs/tiny.yaml --gpu h200 --gpus 1 --recipes bf16,fp8_cs \
     model.preset=llama3_1b model.scan_layers=true data.seq_len=2048 data.global_batch_size=4 \
     data.micro_batch_size=4 data.source=mock
 else
-  echo "   JAX's CUDA plugin missing: skipped"
+  echo "   not run: JAX's CUDA plugin is missing"
 fi
 
 echo "== gpu_check: $([[ $status -eq 0 ]] && echo ok || echo FAILED)"
