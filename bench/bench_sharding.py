@@ -50,6 +50,7 @@ from lp_jax.parallel.linear_layout import LinearLayout  # noqa: E402
 from lp_jax.parallel.mesh import make_mesh  # noqa: E402
 from lp_jax.parallel.partitioning import batch_sharding  # noqa: E402
 from lp_jax.plan import comm_time  # noqa: E402
+from lp_jax.plan.compile_step import device_bytes  # noqa: E402
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer  # noqa: E402
 from lp_jax.training.state import abstract_state, split_model  # noqa: E402
 from lp_jax.training.step import StepSpec, jitted_train_step  # noqa: E402
@@ -61,14 +62,6 @@ OPTIMIZER = OptimizerSpec(peak_lr=6e-4, min_lr=6e-6, init_lr=0.0, warmup_steps=2
                           decay_steps=158946, decay="cosine", b1=0.9, b2=0.95, eps=1e-8,
                           weight_decay=0.033, clip_grad_norm=1.0)
 GB = 1e9
-
-
-def device_bytes(tree, shardings) -> int:
-    """Bytes of ``tree``'s leaves held by one device under ``shardings``."""
-    total = 0
-    for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
-        total += int(np.prod(sharding.shard_shape(leaf.shape))) * jnp.dtype(leaf.dtype).itemsize
-    return total
 
 
 def measure(sizes, recipe, seq_len, micro, global_batch, remat="none", zero1=False, tp_reduce_dtype="bf16"):

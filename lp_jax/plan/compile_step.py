@@ -49,7 +49,8 @@ class CompiledStep:
     tokens_per_step: int
 
 
-def _device_bytes(tree, shardings) -> int:
+def device_bytes(tree, shardings) -> int:
+    """Bytes of ``tree``'s leaves held by one device under ``shardings``."""
     total = 0
     for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
         shard = sharding.shard_shape(leaf.shape)
@@ -80,7 +81,7 @@ def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
         lowered = jitted_train_step(spec, state).trace(graphdef, spec, state, batch).lower()
     compiled = lowered.compile()
     return CompiledStep(compiled, compiled.as_text(),
-                        _device_bytes(target["params"], shardings["params"])
-                        + _device_bytes(target["rest"], shardings["rest"]),
-                        _device_bytes(target["opt_state"], shardings["opt_state"]),
+                        device_bytes(target["params"], shardings["params"])
+                        + device_bytes(target["rest"], shardings["rest"]),
+                        device_bytes(target["opt_state"], shardings["opt_state"]),
                         time.perf_counter() - start, cfg.data.global_batch_size * cfg.data.seq_len)

@@ -132,14 +132,9 @@ def _bytes(module: Module, instr: Instruction) -> int:
     fused = module.computations.get(instr.attr("calls") or "") if instr.opcode == "fusion" else None
     if fused is None:
         return shape_bytes(instr.shape) + sum(shape_bytes(module.operand_shape(o)) for o in instr.operands)
-    params = sorted((i for i in fused.instructions if i.opcode == "parameter"), key=_param_index)
-    read = sum(_param_read_bytes(fused, p) for p in params)
+    read = sum(_param_read_bytes(fused, p) for p in fused.instructions if p.opcode == "parameter")
     return read + _written_bytes(module, fused, fused.root)
 
-
-def _param_index(instr: Instruction) -> int:
-    m = re.search(r"parameter\((\d+)\)", f"{instr.opcode}({instr.attrs}") or re.search(r"(\d+)", instr.name)
-    return int(m.group(1)) if m else 0
 
 
 # ----------------------------------------------------------------------------- GEMMs

@@ -3,9 +3,11 @@ compiled module (memory from XLA's buffer assignment, kernels, bytes, FLOPs, col
 and estimated (``roofline``)."""
 from __future__ import annotations
 
+import math
+
 from lp_jax.plan.compile_step import CompiledStep
 from lp_jax.plan.gpus import GPU
-from lp_jax.plan.hlo_module import Module, arrays, shape_bytes
+from lp_jax.plan.hlo_module import DTYPE_BYTES, Module, arrays
 from lp_jax.plan.kernels import kernels
 from lp_jax.plan.roofline import estimate
 from lp_jax.training.validate import Plan
@@ -48,18 +50,16 @@ def row(plan: Plan, gpu: GPU, count: int, step: CompiledStep) -> dict:
 def largest_buffers(module: Module, n: int = LARGEST_BUFFERS) -> list[dict]:
     """The largest arrays the executed computations produce (loop-carried state included),
     by bytes: where the temporaries go."""
-    seen = {}
+    found = []
     for name in module.runs():
         for instr in module.computations[name].instructions:
             if instr.opcode in ("parameter", "get-tuple-element", "bitcast", "tuple"):
                 continue
             for dtype, dims in arrays(instr.shape):
-                size = shape_bytes(f"{dtype}[{','.join(map(str, dims))}]")
-                key = (instr.name, dtype, dims)
-                seen[key] = size
-    top = sorted(seen.items(), key=lambda kv: -kv[1])[:n]
-    return [{"instruction": name, "shape": f"{dtype}[{','.join(map(str, dims))}]", "bytes": size}
-            for (name, dtype, dims), size in top]
+                found.append((int(DTYPE_BYTES[dtype] * math.prod(dims)), instr.name,
+                              f"{dtype}[{','.join(map(str, dims))}]"))
+    return [{"instruction": name, "shape": shape, "bytes": size}
+            for size, name, shape in sorted(found, reverse=True)[:n]]
 
 
 def what_would_help(plan: Plan) -> list[str]:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from lp_jax.config.schema import TrainConfig
 from lp_jax.data.tokenizers import Tokenizer, get_tokenizer
-from lp_jax.errors import UserError
+from lp_jax.errors import UserError, one_line
 from models import llama
 
 VOCAB_MULTIPLE = 128  # embedding rows rounded up for tensor-core friendly shapes
@@ -37,4 +37,4 @@ def preset_model_config(c: TrainConfig, tokenizer: Tokenizer | None) -> llama.Ll
     try:
         return llama.preset(c.model.preset, **overrides)
     except (ValueError, TypeError, KeyError) as e:
-        raise UserError(f"model: {' '.join(str(e).split())}") from None
+        raise UserError(f"model: {one_line(e)}") from None
