@@ -4,7 +4,8 @@ reads a failed restore abandons (``abandoned_reads_hushed``).
 Orbax closes its event loop of concurrent array reads as soon as one read fails; each read
 still in flight then raises ``RuntimeError: Event loop is closed`` on a TensorStore thread,
 reported through ``sys.unraisablehook`` (docs/bad_input.md, case 5), and a read whose
-failure nobody awaited is logged by asyncio as "Future exception was never retrieved".
+failure nobody awaited is logged by asyncio as "Future exception was never retrieved" (or
+"Task ...", when the read was a task).
 Nothing is wrong beyond the failure already reported, so inside ``abandoned_reads_hushed``
 those reports (and only those) are dropped, and after a failure the block waits until they
 have stopped arriving.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import re
 import sys
 import threading
 import time
@@ -31,7 +33,8 @@ def orbax_logs(level: int):
         logger.setLevel(previous)
 
 
-NEVER_RETRIEVED = "Future exception was never retrieved"
+# asyncio names the class of the object collected: Future, Task or a subclass of either.
+NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
 
 
 def _is_closed_loop(unraisable) -> bool:
@@ -56,7 +59,7 @@ def abandoned_reads_hushed(settle_s: float = 0.5, max_wait_s: float = 10.0):
         previous(unraisable)
 
     def unretrieved(record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith(NEVER_RETRIEVED):
+        if NEVER_RETRIEVED.match(record.getMessage()):
             with lock:
                 last[0] = time.monotonic()
             return False
