@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.activation_vjp import rms_norm, rope, swiglu
 from models.config import LlamaConfig, output_init_std
 from models.sharding import constrain
 
@@ -26,7 +27,8 @@ _MASKED = float(np.finfo(np.float32).min)
 
 
 class RMSNorm(nnx.Module):
-    """x / rms(x) * scale, computed in float32 whatever the compute dtype (as HF and Megatron)."""
+    """x / rms(x) * scale, computed in float32 whatever the compute dtype (as HF and Megatron);
+    the backward keeps x and scale only (models.activation_vjp)."""
 
     def __init__(self, features: int, cfg: LlamaConfig):
         self.eps = cfg.rms_norm_eps
@@ -34,9 +36,7 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((features,), cfg.param_dtype))
 
     def __call__(self, x_BxLxD):
-        x = x_BxLxD.astype(jnp.float32)
-        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return (x * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+        return rms_norm(x_BxLxD, self.scale[...], self.eps, self.dtype)
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
@@ -69,11 +69,7 @@ def rope_tables(positions_BxL, cfg: LlamaConfig):
 
 def apply_rope(x_BxLxNxH, cos_BxLxH2, sin_BxLxH2):
     """Rotates the pairs (i, i + H/2) ("rotate_half", HF's layout), in float32."""
-    x = x_BxLxNxH.astype(jnp.float32)
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    cos, sin = cos_BxLxH2[:, :, None, :], sin_BxLxH2[:, :, None, :]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxLxNxH.dtype)
+    return rope(x_BxLxNxH, cos_BxLxH2, sin_BxLxH2)
 
 
 def attention_core(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
@@ -146,7 +142,8 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32, and its backward
+    keeps gate and up in the compute dtype (models.activation_vjp)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
@@ -157,7 +154,7 @@ class MLP(nnx.Module):
     def __call__(self, x_BxLxD):
         gate = self.gate_proj(x_BxLxD)
         up = self.up_proj(x_BxLxD)
-        h_BxLxF = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(gate.dtype)
+        h_BxLxF = swiglu(gate, up)
         h_BxLxF = constrain(h_BxLxF, ("batch", "sequence", "mlp"))
         return constrain(self.down_proj(h_BxLxF), BLD)
 
