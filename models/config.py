@@ -93,13 +93,16 @@ class LlamaConfig:
     scan_layers: bool = False  # scan over runs of identical layers (compile time at depth)
     remat: str = "none"  # one of REMAT_POLICIES, applied to each layer's body
     attention_impl: str = "xla"  # one of ATTENTION_IMPLS
+    # cudnn: document slots per row of cuDNN's packed layout (models.cudnn_attention); a row
+    # with more documents lets its last ones see each other.
+    max_documents: int = 32
     dtype: Any = jnp.bfloat16  # compute dtype: activations, matmul inputs, logits
     param_dtype: Any = jnp.float32  # master weights
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim", "max_seq_len"):
+                     "num_kv_heads", "head_dim", "max_seq_len", "max_documents"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -16,6 +16,7 @@ from flax import nnx
 
 from models.activation_vjp import rms_norm, rope, swiglu
 from models.config import LlamaConfig, output_init_std
+from models.cudnn_attention import cudnn_attention
 from models.sharding import constrain
 
 # Logical activation axes (``models.sharding``): no-ops unless a trainer maps them to a mesh.
@@ -93,8 +94,9 @@ def attention_core(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
 
 def attention_dpa(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, segment_ids_BxL, implementation):
     """The same attention through jax.nn.dot_product_attention (causal, plus the document mask
-    when segment_ids is given). With implementation="cudnn" this is the flash kernel, which
-    never stores the [T, S] scores; the document mask, when present, still costs B*T*S bytes."""
+    as a dense [B, 1, T, S] mask when segment_ids is given): a second reference for the
+    layout and GQA on CPU (implementation="xla"). Training on a GPU uses
+    ``models.cudnn_attention``, which takes the documents as cuDNN's packed layout."""
     mask = None
     if segment_ids_BxL is not None:
         mask = (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])[:, None]
@@ -134,7 +136,7 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice_in_dim(cache[1], v.astype(cache[1].dtype), cache_index, axis=1)
             out = attention_core(q, k, v, mask_BxTxS)
         elif cfg.attention_impl == "cudnn":
-            out = attention_dpa(q, k, v, segment_ids_BxL, "cudnn")
+            out = cudnn_attention(q, k, v, segment_ids_BxL, cfg.max_documents)
         else:
             out = attention_core(q, k, v, mask_BxTxS)
         out = constrain(self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), BLD)

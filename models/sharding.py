@@ -14,6 +14,7 @@ import math
 
 import jax
 from flax.core import spmd
+from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 
@@ -49,3 +50,36 @@ def constrain(x, logical_axes: tuple[str | None, ...]):
         spec.append(entry)
     return jax.lax.with_sharding_constraint(x, P(*spec))
 
+
+def per_device(fn, args, in_axes, out_axes, together=()):
+    """``fn(*args)`` run on each device's pieces: a ``shard_map`` over the mesh axes not
+    already manual, each argument and the result split by logical names (one per dimension)
+    as ``constrain`` would split them. For calls that must not be left to the partitioner.
+
+    A name that cannot split one of its dimensions (no rule, or axes that do not divide it)
+    splits none; ``together`` lists groups of names that split all together or not at all.
+    Without rules and a mesh in context this is ``fn(*args)``.
+    """
+    rules = spmd.get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return fn(*args)
+    auto = frozenset(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t != AxisType.Manual)
+    if not auto:
+        return fn(*args)
+    table = dict(rules)
+    blocked = set()
+    for arg, names in zip(args, in_axes, strict=True):
+        for dim, name in zip(arg.shape, names, strict=True):
+            entry = table.get(name) if name is not None else None
+            if entry is not None and (not set(axis_names(entry)) <= auto or dim % mesh_size(mesh, entry)):
+                blocked.add(name)
+    for group in together:
+        if blocked & set(group):
+            blocked |= set(group)
+
+    def spec(names):
+        return P(*(None if name is None or name in blocked else table.get(name) for name in names))
+
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(spec(n) for n in in_axes), out_specs=spec(out_axes),
+                         axis_names=auto, check_vma=False)(*args)

@@ -86,6 +86,10 @@ class ModelConfig:
     remat: Optional[str] = None
     # xla (any platform) | cudnn (GPU flash attention)
     attention_impl: Optional[str] = None
+    # cudnn: documents per row that get a slot of their own in cuDNN's packed layout; the
+    # ones after share the last slot (they see each other). Each slot keeps float32 softmax
+    # statistics: 4 * heads bytes per token per layer (models.cudnn_attention).
+    max_documents: Optional[int] = None
     # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
     # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
     dtype: str = "bfloat16"
