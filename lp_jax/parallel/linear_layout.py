@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from jax.sharding import PartitionSpec as P
+
 from lp_jax.config.schema import TP_REDUCE_DTYPES
-from lp_jax.parallel.partitioning import param_spec
+from lp_jax.parallel.partitioning import param_spec, spec_without
 from lp_jax.recipes import Recipe
 
 Reduction = Literal["row", "column"]
@@ -47,7 +49,12 @@ class LinearLayout:
                 or len(kernel_shape) != 2:
             return None
         layout = kernel_spec(path, kernel_shape, self.mesh_shape)
-        return layout if "fsdp" in layout else None
+        if "fsdp" not in layout:
+            return None
+        # Size-1 axes split nothing, and inside the trainer's data shard_map they are manual
+        # (partitioning.data_shard_map_axes): the gather's own shard_map must not name them.
+        ones = [a for a, n in self.mesh_shape.items() if n == 1]
+        return tuple(spec_without(P(*layout), ones))
 
     def tensor_reduce(self, path: str, kernel_shape) -> Reduction | None:
         """"row" / "column" when the GEMM reduces its tensor-parallel partial sums in BF16."""

@@ -162,6 +162,22 @@ def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     return tuple(rules) + (("lookup_vocab", "tensor"),)
 
 
+def data_shard_map_axes(mesh) -> tuple[str, ...]:
+    """The axes the trainer's data shard_map is manual over: ``data`` and every other axis
+    of size 1. A size-1 axis splits nothing, and left to the partitioner it makes the body
+    partly manual, where JAX's custom partitioners (cuDNN attention, the block-scaled
+    GEMMs) fail to compile; with fsdp and tensor of size 1 the body is fully manual."""
+    return ("data",) + tuple(a for a in mesh.axis_names if a != "data" and mesh.shape[a] == 1)
+
+
+def spec_without(spec: P, axes) -> P:
+    """``spec`` with mesh ``axes`` left out (for constraints inside a shard_map manual over them)."""
+    def strip(entry):
+        kept = tuple(n for n in _names(entry) if n not in axes)
+        return kept if len(kept) > 1 else (kept[0] if kept else None)
+    return P(*(strip(e) for e in spec))
+
+
 def batch_sharding(mesh) -> NamedSharding:
     """[accum, micro-batch, L] batches: micro-batch rows over (data, fsdp); every tensor
     rank of a data/fsdp coordinate sees the same rows."""

@@ -23,7 +23,13 @@ from jax.sharding import PartitionSpec as P
 
 from lp_jax import context
 from lp_jax.numerics.manual_axes import manual_axes
-from lp_jax.parallel.partitioning import activation_rules, batch_sharding, state_shardings
+from lp_jax.parallel.partitioning import (
+    activation_rules,
+    batch_sharding,
+    data_shard_map_axes,
+    spec_without,
+    state_shardings,
+)
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 
 
@@ -180,8 +186,8 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
         lambda p, micro, key: forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual),
         has_aux=True)
     grad_specs = state_shardings(params, spec.mesh)
-    if manual:  # inside the shard_map: specs, read against its (partly manual) mesh
-        grad_specs = jax.tree.map(lambda s: s.spec, grad_specs)
+    if manual:  # inside the shard_map: specs without its manual axes
+        grad_specs = jax.tree.map(lambda s: spec_without(s.spec, manual), grad_specs)
     def accumulate(carry, xs):
         micro, index = xs
         (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
@@ -218,6 +224,7 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
     "Communication at scale"): gradients come back reduced and sharded like the masters."""
     weights = gathered_weights(spec, params)
     dtypes = jax.tree.map(lambda p: p.dtype, params)
+    manual = data_shard_map_axes(spec.mesh)
 
     def local(weights, rest, batch, rng, step):
         # Back to the masters' dtype (exact). The barrier keeps the gathered BF16 values
@@ -225,9 +232,9 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
         # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
         weights = jax.lax.optimization_barrier(weights)
         masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
-        with manual_axes(("data",)):
+        with manual_axes(manual):
             grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
-                                            manual=("data",))
+                                            manual=manual)
         stacked = jax.tree.map(lambda g: g[None], grads)
         return stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data")
 
@@ -237,7 +244,7 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
     # branches disagree on the varying-ness of their outputs.
     stacked, nll_sum, count = jax.shard_map(
         local, mesh=spec.mesh, in_specs=(P(), P(), P(None, "data"), P(), P()),
-        out_specs=(P("data"), P(), P()), axis_names={"data"}, check_vma=False)(
+        out_specs=(P("data"), P(), P()), axis_names=set(manual), check_vma=False)(
             weights, rest, batch, rng, step)
     # The step's one data-axis reduction per gradient, into the masters' sharding.
     return (jax.tree.map(lambda g, s: jax.lax.with_sharding_constraint(jnp.sum(g, axis=0), s),
