@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=RECIPES, help="comma-separated (default %(default)s)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--hlo-dir", default=None, metavar="DIR", help="write DIR/<recipe>.hlo.txt")
+    p.add_argument("--layer-bytes", action="store_true",
+                   help="also measure what one layer keeps for its backward, in bytes per token per "
+                        "hidden unit (four more compiles per recipe, at 2 and 3 layers; docs/plan.md)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as train.py")
     return p
 
@@ -93,7 +96,7 @@ def _mesh_size(config) -> int | None:
 
 def _compile(config_path: str, args, recipe: str, count: int) -> dict:
     request = {"config": config_path, "overrides": list(args.overrides), "recipe": recipe,
-               "gpu": args.gpu, "gpus": count, "hlo_dir": args.hlo_dir}
+               "gpu": args.gpu, "gpus": count, "hlo_dir": args.hlo_dir, "layer_bytes": args.layer_bytes}
     proc = subprocess.run([sys.executable, "-m", "lp_jax.plan.worker", json.dumps(request)],
                           capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()

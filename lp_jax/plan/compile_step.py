@@ -21,6 +21,7 @@ from lp_jax.kernels.launch import compiled_kernels
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.parallel.partitioning import batch_sharding
+from lp_jax.plan.cudnn_target import cudnn_sees
 from lp_jax.plan.gpus import GPU
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.state import abstract_state, split_model
@@ -77,7 +78,7 @@ def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
              for k, dtype in BATCH_KEYS}
     start = time.perf_counter()
     # Traced for CUDA: Pallas kernels compiled by Mosaic GPU, not interpreted as on this CPU.
-    with compiled_kernels():
+    with compiled_kernels(), cudnn_sees(gpu):
         lowered = jitted_train_step(spec, state).trace(graphdef, spec, state, batch).lower()
     compiled = lowered.compile()
     return CompiledStep(compiled, compiled.as_text(),

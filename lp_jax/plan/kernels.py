@@ -24,7 +24,11 @@ NOT_KERNELS = frozenset({
     "conditional", "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier",
     "domain", "get-dimension-size", "copy-done", "all-gather-done", "all-reduce-done",
     "collective-permute-done", "async-done", "async-update", "send-done", "recv-done",
+    "fusion-done",
 })
+# A fusion XLA runs asynchronously (a dynamic-update-slice into a loop buffer, overlapped with
+# the next kernels) is a fusion-start / fusion-done pair: the start is the kernel.
+FUSIONS = ("fusion", "fusion-start")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 GEMM_LIBRARIES = ("cudnn_block_scaled", "cublaslt_fp8", "cublas", "triton", "cudnn_fusion",
                   "cudnn_attention", "xla")
@@ -101,14 +105,41 @@ def _users(comp, name: str) -> list[Instruction]:
     return [i for i in comp.instructions if name in i.operands]
 
 
+# Elementwise ops of one operand, through which a fusion reads only the elements a slice takes.
+_PASS_THROUGH = frozenset({"convert", "bitcast", "copy", "negate", "abs"})
+
+
+def _sliced_elements(comp, name: str) -> int | None:
+    """Elements of ``name`` a fusion reads when every use is a (dynamic) slice, possibly
+    through single-operand elementwise ops; None when some use reads all of it."""
+    users = _users(comp, name)
+    if not users:
+        return None
+    total = 0
+    for u in users:
+        if u.opcode in ("slice", "dynamic-slice") and u.operands[0] == name:
+            total += math.prod(_dims(u.shape))
+        elif u.opcode in _PASS_THROUGH and len(u.operands) == 1:
+            inner = _sliced_elements(comp, u.name)
+            if inner is None:
+                return None
+            total += inner
+        else:
+            return None
+    return total
+
+
 def _param_read_bytes(comp, param: Instruction) -> int:
-    """What a fused parameter reads: the slices taken of it when every use is a dynamic
-    slice, nothing when every use is the buffer a dynamic-update-slice writes into."""
+    """What a fused parameter reads: the slices taken of it when every use is a slice (or an
+    elementwise op of one whose every use is), nothing when every use is the buffer a
+    dynamic-update-slice writes into."""
     users = _users(comp, param.name)
     if users and all(u.opcode == "dynamic-update-slice" and u.operands[0] == param.name for u in users):
         return 0
-    if users and all(u.opcode == "dynamic-slice" and u.operands[0] == param.name for u in users):
-        return sum(shape_bytes(u.shape) for u in users)
+    sliced = _sliced_elements(comp, param.name)
+    if sliced is not None:
+        full = math.prod(_dims(param.shape)) or 1
+        return min(shape_bytes(param.shape), shape_bytes(param.shape) * sliced // full)
     return shape_bytes(param.shape)
 
 
@@ -129,7 +160,7 @@ def _bytes(module: Module, instr: Instruction) -> int:
         return 2 * update + sum(shape_bytes(module.operand_shape(o)) for o in instr.operands[2:])
     if instr.opcode == "dynamic-slice":
         return 2 * shape_bytes(instr.shape)
-    fused = module.computations.get(instr.attr("calls") or "") if instr.opcode == "fusion" else None
+    fused = module.computations.get(instr.attr("calls") or "") if instr.opcode in FUSIONS else None
     if fused is None:
         return shape_bytes(instr.shape) + sum(shape_bytes(module.operand_shape(o)) for o in instr.operands)
     read = sum(_param_read_bytes(fused, p) for p in fused.instructions if p.opcode == "parameter")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from lp_jax.plan.gpus import GPU
 
 GB = 1e9
-HEADER = ("recipe", "policy", "GB per GPU", "fits", "state GB", "temp GB", "GEMMs per step",
+HEADER = ("recipe", "policy", "GB per GPU", "fits", "free", "state GB", "temp GB", "layer B/token/D", "GEMMs per step",
           "kernels", "HBM GB", "TFLOP", "collective GB", "est. step s", "est. TFLOP/s per GPU",
           "est. tokens/s", "est. x BF16")
 
@@ -18,8 +18,11 @@ def _cells(r: dict) -> list[str]:
         return [r["recipe"], "-", f"error: {r['error']}"] + [""] * (len(HEADER) - 3)
     m, e = r["memory"], r["estimate"]
     ratio = "-" if e["x_bf16"] is None else f"{e['x_bf16']:.2f}"
+    layer = r.get("layer_bytes")
     return [r["recipe"], r["policy"], f"{m['per_gpu_bytes'] / GB:.1f}", "yes" if m["fits"] else "NO",
+            f"{1 - m['per_gpu_bytes'] / m['capacity_bytes']:.0%}",
             f"{(m['params_bytes'] + m['optimizer_bytes']) / GB:.1f}", f"{m['temp_bytes'] / GB:.1f}",
+            "-" if layer is None else f"{layer['per_token_hidden']:.1f}",
             _gemms(r["gemms"]), str(r["kernels"]), f"{r['hbm_bytes'] / GB:.1f}", f"{r['flops'] / 1e12:.1f}",
             f"{r['collective_bytes'] / GB:.2f}", f"{e['step_s']:.3g}", f"{e['tflops_per_gpu']:.0f}",
             f"{e['tokens_per_s']:.4g}", ratio]

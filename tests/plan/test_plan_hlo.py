@@ -146,3 +146,33 @@ def test_the_gpu_target_names_its_compute_capability_and_cudnn():
     text = GPUS["b200"].target_config()
     assert "cuda_compute_capability { major: 10 minor: 0 }" in text and 'dnn_version: "9.10.0"' in text
     assert "core_count: 148" in text and "NVIDIA B200" in text
+
+
+ASYNC_SLICE_UPDATE = """HloModule async_update
+
+%fused_update (a0: bf16[8,256], a1: f32[1,512], a2: s32[]) -> bf16[8,256] {
+  %a0 = bf16[8,256]{1,0} parameter(0)
+  %a1 = f32[1,512]{1,0} parameter(1)
+  %c = bf16[1,512]{1,0} convert(%a1)
+  %half = bf16[1,256]{1,0} slice(%c), slice={[0:1], [0:256]}
+  %a2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = bf16[8,256]{1,0} dynamic-update-slice(%a0, %half, %a2, %z)
+}
+
+ENTRY %main (buf: bf16[8,256], x: f32[1,512], i: s32[]) -> bf16[8,256] {
+  %buf = bf16[8,256]{1,0} parameter(0)
+  %x = f32[1,512]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %start = ((bf16[8,256]{1,0}, f32[1,512]{1,0}, s32[]), bf16[8,256]{1,0}, u32[]) fusion-start(%buf, %x, %i), kind=kLoop, calls=%fused_update
+  ROOT %done = bf16[8,256]{1,0} fusion-done(%start)
+}
+"""
+
+
+def test_an_async_fusion_is_one_kernel_that_moves_its_slices():
+    """XLA's fusion-start/fusion-done pair is one launch; it writes the row it updates and
+    reads only the half of x its slice takes (through the convert), not the whole buffer."""
+    (k,) = kernels(Module.parse(ASYNC_SLICE_UPDATE))
+    assert k.opcode == "fusion-start" and k.runs == 1
+    assert k.bytes == 256 * 4 + 4 + 256 * 2  # x's sliced half in f32, the index, the row written
