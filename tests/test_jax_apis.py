@@ -131,3 +131,19 @@ def test_platform_dependent_picks_the_branch_per_platform():
     assert float(jax.jit(f)(jax.device_put(jnp.float32(1), CPU))) == 3.0
     text = jax.jit(f).trace(jnp.float32(1)).lower(lowering_platforms=("cuda",)).as_text()
     assert "5.0" in text and "3.0" not in text
+
+
+def test_cudnn_attention_internals_the_model_and_plan_use():
+    """models.cudnn_attention calls JAX's cuDNN attention for its packed layout (the public
+    jax.nn.dot_product_attention has no segment offsets), and the plan answers its
+    compute-capability check for the described GPU: both are private names, checked here on
+    the oldest and newest JAX."""
+    import inspect
+
+    from jax._src.cudnn import fused_attention_stablehlo as fused
+
+    params = inspect.signature(fused.dot_product_attention).parameters
+    for name in ("q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "mask_type", "qkv_layout", "scale"):
+        assert name in params, name
+    assert fused.MaskType.PADDING_CAUSAL and fused.MaskType.CAUSAL
+    assert callable(fused.check_compute_capability) and callable(fused.is_cuda_compute_capability_equal)
