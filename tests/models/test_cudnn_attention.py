@@ -1,7 +1,7 @@
 """cuDNN attention's packed layout on CPU: the segment offsets and lengths say what the
 reference's document mask says; the per-device call gives the unsharded result on every
 mesh the trainer builds (with the XLA attention as the function run per device). The cuDNN
-kernel itself is compiled for GPUs in tests/plan/test_cudnn_attention_compiles.py."""
+kernel itself is compiled for GPUs in tests/plan/test_plan_memory.py."""
 import jax.numpy as jnp
 import numpy as np
 
