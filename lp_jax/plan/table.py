@@ -30,9 +30,11 @@ def _cells(r: dict) -> list[str]:
 
 def table(rows: list[dict], gpu: GPU, count: int) -> str:
     lines = [f"{count} x {gpu.name} ({gpu.memory_bytes / GB:.0f} GB each); memory from XLA's buffer "
-             "assignment, times estimated by the roofline of docs/plan.md (not measured)",
+             "assignment, times estimated by the roofline of docs/plan.md (not measured)", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    if any(not r.get("memory", {}).get("fits", True) for r in rows):
+        lines.append("")  # the notes below are not table rows (Markdown)
     for r in rows:
         m = r.get("memory", {})
         if not m.get("fits", True):
