@@ -41,14 +41,18 @@ def constrain(x, logical_axes: tuple[str | None, ...]):
     if not rules or mesh.empty:
         return x
     table = dict(rules)
-    spec = []
-    for dim, name in zip(x.shape, logical_axes, strict=True):
-        entry = table.get(name) if name is not None else None
-        if entry is not None and (not all(n in mesh.shape for n in axis_names(entry))
-                                  or dim % mesh_size(mesh, entry)):
-            entry = None
-        spec.append(entry)
+    spec = [_entry(table, name, dim, mesh, mesh.shape)
+            for dim, name in zip(x.shape, logical_axes, strict=True)]
     return jax.lax.with_sharding_constraint(x, P(*spec))
+
+
+def _entry(table, name, dim: int, mesh, axes):
+    """The mesh axes logical ``name`` splits a dimension of length ``dim`` over: its rule's,
+    when they are all among ``axes`` and divide ``dim``; else None (left whole)."""
+    entry = table.get(name) if name is not None else None
+    if entry is None or not all(n in axes for n in axis_names(entry)) or dim % mesh_size(mesh, entry):
+        return None
+    return entry
 
 
 def per_device(fn, args, in_axes, out_axes, together=()):
@@ -71,8 +75,7 @@ def per_device(fn, args, in_axes, out_axes, together=()):
     blocked = set()
     for arg, names in zip(args, in_axes, strict=True):
         for dim, name in zip(arg.shape, names, strict=True):
-            entry = table.get(name) if name is not None else None
-            if entry is not None and (not set(axis_names(entry)) <= auto or dim % mesh_size(mesh, entry)):
+            if table.get(name) is not None and _entry(table, name, dim, mesh, auto) is None:
                 blocked.add(name)
     for group in together:
         if blocked & set(group):

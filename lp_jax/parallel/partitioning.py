@@ -155,11 +155,8 @@ def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     outside, the partitioner's all-to-all plan compiles and is cheaper, so no rule)."""
     if not manual_axes:
         return ACTIVATION_RULES
-    rules = []
-    for name, entry in ACTIVATION_RULES:
-        kept = tuple(n for n in _names(entry) if n not in manual_axes)
-        rules.append((name, kept if len(kept) > 1 else (kept[0] if kept else None)))
-    return tuple(rules) + (("lookup_vocab", "tensor"),)
+    rules = tuple((name, _entry_without(entry, manual_axes)) for name, entry in ACTIVATION_RULES)
+    return rules + (("lookup_vocab", "tensor"),)
 
 
 def data_shard_map_axes(mesh) -> tuple[str, ...]:
@@ -170,12 +167,15 @@ def data_shard_map_axes(mesh) -> tuple[str, ...]:
     return ("data",) + tuple(a for a in mesh.axis_names if a != "data" and mesh.shape[a] == 1)
 
 
+def _entry_without(entry, axes):
+    """A rule or spec entry (None, a name, a tuple of names) with mesh ``axes`` left out."""
+    kept = tuple(n for n in _names(entry) if n not in axes)
+    return kept if len(kept) > 1 else (kept[0] if kept else None)
+
+
 def spec_without(spec: P, axes) -> P:
     """``spec`` with mesh ``axes`` left out (for constraints inside a shard_map manual over them)."""
-    def strip(entry):
-        kept = tuple(n for n in _names(entry) if n not in axes)
-        return kept if len(kept) > 1 else (kept[0] if kept else None)
-    return P(*(strip(e) for e in spec))
+    return P(*(_entry_without(e, axes) for e in spec))
 
 
 def batch_sharding(mesh) -> NamedSharding:

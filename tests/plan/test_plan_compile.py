@@ -3,17 +3,13 @@ recipe, the Pallas kernels and the GEMM backends compiled for sm_90a and sm_100a
 input. The compiles need JAX's CUDA plugin (``pip install -e '.[gpu]'``, no GPU): without it
 they skip, saying so."""
 import json
-import os
 
 import pytest
 
 from lp_jax.plan import cli, environment
+from tests.support.plan_targets import TINY, needs_plugin
 
 pytestmark = pytest.mark.gpu_compile
-needs_plugin = pytest.mark.skipif(environment.plugin_problem() is not None,
-                                  reason="JAX's CUDA plugin is not installed (pip install -e '.[gpu]')")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 # Two layers, every Linear quantized, short sequences, one micro-batch per step: small compiles.
 SMALL = ["model.num_layers=2", "data.seq_len=64", "data.global_batch_size=2", "data.micro_batch_size=2",
          "data.source=mock", "precision.first_bf16_layers=0", "precision.last_bf16_layers=0"]

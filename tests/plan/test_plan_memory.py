@@ -1,18 +1,13 @@
 """What a layer keeps for its backward, and cuDNN attention on every mesh the trainer
 builds, compiled for B200 (deviceless; JAX's CUDA plugin, no GPU)."""
 import collections
-import os
 import re
 
 import pytest
 
-from lp_jax.plan import environment
+from tests.support.plan_targets import TINY, needs_plugin
 
 pytestmark = pytest.mark.gpu_compile
-needs_plugin = pytest.mark.skipif(environment.plugin_problem() is not None,
-                                  reason="JAX's CUDA plugin is not installed (pip install -e '.[gpu]')")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 # The 8B's proportions at a small width: FFN 3.5x, 4 query heads per KV head, head_dim 128.
 NARROW = ["model.hidden_size=512", "model.intermediate_size=1792", "model.num_heads=4", "model.num_kv_heads=1",
           "model.head_dim=128", "model.max_seq_len=8192", "model.scan_layers=true", "model.attention_impl=cudnn",
