@@ -14,8 +14,17 @@ import jax.numpy as jnp
 # "none" saves every activation (fastest, most memory); "full" saves only the layer input and
 # recomputes the whole layer in the backward; "dots_saveable" keeps matmul outputs and
 # recomputes the cheap elementwise work (norms, RoPE, SwiGLU, softmax);
-# "dots_with_no_batch_dims_saveable" keeps only the weight matmuls (not QK^T / PV).
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# "dots_with_no_batch_dims_saveable" keeps only the weight matmuls (not QK^T / PV);
+# "megatron" keeps the tensors Megatron-LM keeps (MEGATRON_SAVED, named in models.layers)
+# and recomputes every unnamed intermediate (layout copies, casts); "elementwise" keeps all
+# but the RMSNorm outputs and the SwiGLU product, recomputed from the norm inputs and gate/up
+# that their backward keeps anyway. Residuals of a custom VJP (models.activation_vjp, the
+# quantized dot_general, cuDNN attention) are kept whatever the policy (docs/models.md).
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "megatron",
+                  "elementwise")
+# Named activations of a layer (jax.ad_checkpoint.checkpoint_name in models.layers).
+MEGATRON_SAVED = ("norm_out", "q", "k", "v", "attn_out", "residual", "gate", "up", "mlp_act")
+RECOMPUTED_ELEMENTWISE = ("norm_out", "mlp_act")
 # "xla": our einsum core, float32 softmax, materializes [B, heads, L, L] scores (the reference;
 # any platform). "cudnn": jax.nn.dot_product_attention's cuDNN flash kernel (GPU only).
 ATTENTION_IMPLS = ("xla", "cudnn")

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from models.activation_vjp import rms_norm, rope, swiglu
 from models.config import LlamaConfig, output_init_std
@@ -37,7 +38,7 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((features,), cfg.param_dtype))
 
     def __call__(self, x_BxLxD):
-        return rms_norm(x_BxLxD, self.scale[...], self.eps, self.dtype)
+        return checkpoint_name(rms_norm(x_BxLxD, self.scale[...], self.eps, self.dtype), "norm_out")
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
@@ -123,9 +124,10 @@ class Attention(nnx.Module):
         (output, updated cache), the new keys written at `cache_index`."""
         cfg = self.config
         b, t, _ = x_BxTxD.shape
-        q = self.q_proj(x_BxTxD).reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        v = self.v_proj(x_BxTxD).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        # Names for the remat policies (models.config.MEGATRON_SAVED).
+        q = checkpoint_name(self.q_proj(x_BxTxD), "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = checkpoint_name(self.k_proj(x_BxTxD), "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = checkpoint_name(self.v_proj(x_BxTxD), "v").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         # Tensor parallelism splits whole heads: each rank attends with its own heads.
         q = constrain(q, ("batch", "sequence", "heads", "head_dim"))
         k = constrain(k, ("batch", "sequence", "kv_heads", "head_dim"))
@@ -139,7 +141,8 @@ class Attention(nnx.Module):
             out = cudnn_attention(q, k, v, segment_ids_BxL, cfg.max_documents)
         else:
             out = attention_core(q, k, v, mask_BxTxS)
-        out = constrain(self.o_proj(out.reshape(b, t, cfg.num_heads * cfg.head_dim)), BLD)
+        out = checkpoint_name(out.reshape(b, t, cfg.num_heads * cfg.head_dim), "attn_out")
+        out = constrain(self.o_proj(out), BLD)
         return out if cache is None else (out, (k, v))
 
 
@@ -154,9 +157,9 @@ class MLP(nnx.Module):
         self.down_proj = _linear(cfg, rngs, f, d, output_init_std(cfg))
 
     def __call__(self, x_BxLxD):
-        gate = self.gate_proj(x_BxLxD)
-        up = self.up_proj(x_BxLxD)
-        h_BxLxF = swiglu(gate, up)
+        gate = checkpoint_name(self.gate_proj(x_BxLxD), "gate")
+        up = checkpoint_name(self.up_proj(x_BxLxD), "up")
+        h_BxLxF = checkpoint_name(swiglu(gate, up), "mlp_act")
         h_BxLxF = constrain(h_BxLxF, ("batch", "sequence", "mlp"))
         return constrain(self.down_proj(h_BxLxF), BLD)
 
@@ -174,7 +177,7 @@ class Block(nnx.Module):
         attn = self.attn(self.attn_norm(x_BxLxD), rope, mask_BxTxS, segment_ids_BxL, cache, cache_index)
         if cache is not None:
             attn, cache = attn
-        h_BxLxD = x_BxLxD + attn
+        h_BxLxD = checkpoint_name(x_BxLxD + attn, "residual")
         out = h_BxLxD + self.mlp(self.mlp_norm(h_BxLxD))
         return out if cache is None else (out, cache)
 

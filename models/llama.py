@@ -19,7 +19,9 @@ from flax import nnx
 
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
     ATTENTION_IMPLS,
+    MEGATRON_SAVED,
     PRESETS,
+    RECOMPUTED_ELEMENTWISE,
     REMAT_POLICIES,
     Llama3RopeScaling,
     LlamaConfig,
@@ -43,9 +45,12 @@ __all__ = ["ATTENTION_IMPLS", "PRESETS", "REMAT_POLICIES", "Llama", "Llama3RopeS
 
 
 def _remat_policy(name: str):
-    return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
-            "dots_with_no_batch_dims_saveable":
-                jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+    policies = jax.checkpoint_policies
+    return {"full": None, "dots_saveable": policies.dots_saveable,
+            "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
+            "megatron": policies.save_only_these_names(*MEGATRON_SAVED),
+            "elementwise": policies.save_anything_except_these_names(*RECOMPUTED_ELEMENTWISE),
+            }[name]
 
 
 def causal_document_mask(segment_ids_BxL, batch: int, length: int):
@@ -69,6 +74,11 @@ def layer_groups(graphdefs) -> list[tuple[int, int]]:
     return groups
 
 
+def _stacked(states):
+    """Equal-structured states stacked leaf by leaf on a new leading axis."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+
+
 class Llama(nnx.Module):
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = cfg
@@ -82,10 +92,13 @@ class Llama(nnx.Module):
                                       dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                                       kernel_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
 
-    def __call__(self, tokens_BxL, positions=None, segment_ids=None):
+    def __call__(self, tokens_BxL, positions=None, segment_ids=None, layer_stacks=None):
         """Logits [B, L, V] in cfg.dtype. `positions` [B, L] default to 0..L-1 per row (pass
         per-document positions for packed rows); `segment_ids` [B, L] are document ids: a
-        token attends only to earlier tokens of its own document. None: one document per row."""
+        token attends only to earlier tokens of its own document. None: one document per row.
+        `layer_stacks` ({start: stacked Params} of ``scanned_runs``, as ``layer_param_stacks``
+        builds them): the scanned runs read their parameters from these instead of stacking
+        the layers' own (a trainer stacks once per step and differentiates the stacks)."""
         b, length = tokens_BxL.shape
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
@@ -93,7 +106,7 @@ class Llama(nnx.Module):
         # The cuDNN kernel builds its own causal mask; do not materialize ours for it.
         mask = None if self.config.attention_impl == "cudnn" else causal_document_mask(segment_ids, b, length)
         x = constrain(self._embed(tokens_BxL), BLD)
-        x = self._run_layers(x, rope, mask, segment_ids)
+        x = self._run_layers(x, rope, mask, segment_ids, layer_stacks or {})
         return constrain(self._logits(x), ("batch", "sequence", "vocab"))
 
     def _embed(self, tokens):
@@ -119,40 +132,56 @@ class Llama(nnx.Module):
         return self.lm_head(x)
 
     def _layer_fn(self, graphdef):
-        """The per-layer body (state, x, layer index) -> x, with the remat policy applied."""
-        def body(state, x, i, rope, mask, segment_ids):
+        """The per-layer body (params, rest, x, layer index) -> x, with the remat policy applied."""
+        def body(params, rest, x, i, rope, mask, segment_ids):
             with layer_scope(i):  # which layer runs, for precision code that reads it
-                return nnx.merge(graphdef, state)(x, rope, mask, segment_ids)
+                return nnx.merge(graphdef, params, rest)(x, rope, mask, segment_ids)
         if self.config.remat == "none":
             return body
         return jax.checkpoint(body, policy=_remat_policy(self.config.remat))
 
-    def _run_layers(self, x, rope, mask, segment_ids):
+    def scanned_runs(self) -> list[tuple[int, int]]:
+        """[start, end) of each run of two or more equal layers that is scanned (none unless
+        scan_layers)."""
+        if not self.config.scan_layers:
+            return []
+        runs = layer_groups([nnx.split(layer, nnx.Param, ...)[0] for layer in self.layers])
+        return [(start, end) for start, end in runs if end - start > 1]
+
+    def layer_param_stacks(self) -> dict:
+        """{start: the run's layer Params stacked on a new leading axis} per scanned run: a
+        copy of those parameters, what each call makes unless given ``layer_stacks``."""
+        return {start: _stacked([nnx.split(layer, nnx.Param, ...)[1] for layer in self.layers[start:end]])
+                for start, end in self.scanned_runs()}
+
+    def _run_layers(self, x, rope, mask, segment_ids, layer_stacks):
+        split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
         if not self.config.scan_layers:
             if self.config.remat == "none":
                 for i, layer in enumerate(self.layers):
                     with layer_scope(i):
                         x = layer(x, rope, mask, segment_ids)
                 return x
-            for i, layer in enumerate(self.layers):
-                graphdef, state = nnx.split(layer)
+            for i, (graphdef, params, rest) in enumerate(split):
                 # jnp.int32 so the index reaches layer_scope as it would from a scan.
-                x = self._layer_fn(graphdef)(state, x, jnp.int32(i), rope, mask, segment_ids)
+                x = self._layer_fn(graphdef)(params, rest, x, jnp.int32(i), rope, mask, segment_ids)
             return x
-        split = [nnx.split(layer) for layer in self.layers]
-        for start, end in layer_groups([g for g, _ in split]):
+        for start, end in layer_groups([g for g, _, _ in split]):
             graphdef = split[start][0]
             fn = self._layer_fn(graphdef)
             if end - start == 1:
-                x = fn(split[start][1], x, jnp.int32(start), rope, mask, segment_ids)
+                x = fn(split[start][1], split[start][2], x, jnp.int32(start), rope, mask, segment_ids)
                 continue
-            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[s for _, s in split[start:end]])
+            params = layer_stacks.get(start)
+            if params is None:
+                params = _stacked([p for _, p, _ in split[start:end]])
+            rest = _stacked([r for _, _, r in split[start:end]])
 
             def scan_body(carry, xs, fn=fn):
-                i, state = xs
-                return fn(state, carry, i, rope, mask, segment_ids), None
+                i, params, rest = xs
+                return fn(params, rest, carry, i, rope, mask, segment_ids), None
 
-            x, _ = jax.lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), stacked))
+            x, _ = jax.lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), params, rest))
         return x
 
     # ---- KV-cache inference (``models.generate``) ----

@@ -30,6 +30,7 @@ from lp_jax.parallel.partitioning import (
     spec_without,
     state_shardings,
 )
+from lp_jax.training.layer_stacks import LayerStacks
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 
 
@@ -80,18 +81,20 @@ def token_nll(logits, targets, mask):
     return jnp.sum((log_z - target_logit) * mask), jnp.sum(mask)
 
 
-def forward_nll(graphdef, params, rest, micro, key, mesh, manual=()):
+def forward_nll(graphdef, params, rest, micro, key, mesh, manual=(), layer_stacks=None):
     """(summed token NLL, token count) of one micro-batch: the loss the step differentiates,
-    also run by the quant-stats probe, lp_jax.inspect, the study's memory probe and bench."""
+    also run by the quant-stats probe, lp_jax.inspect, the study's memory probe and bench.
+    ``layer_stacks``: the scanned runs' stacked parameters (``lp_jax.training.layer_stacks``)."""
     model = nnx.merge(graphdef, params, rest)
     # The abstract mesh makes the model's logical constraints (models.sharding) concrete;
     # jit's in/out shardings supply the devices. Inside the data shard_map the context
     # already holds the mesh with ``data`` manual, and the rules leave that axis out.
     abstract = jax.sharding.get_abstract_mesh() if manual else mesh.abstract_mesh
+    stacks = {} if layer_stacks is None else {"layer_stacks": layer_stacks}
     with context.rng_scope(key), jax.sharding.use_abstract_mesh(abstract), \
             nnx.logical_axis_rules(activation_rules(manual)):
         logits = model(micro["tokens"], positions=micro["positions"],
-                       segment_ids=micro["segment_ids"])
+                       segment_ids=micro["segment_ids"], **stacks)
     return token_nll(logits, micro["targets"], micro["loss_mask"])
 
 
@@ -180,25 +183,41 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     """(summed FP32 gradients, summed NLL, token count) over the micro-batches, summed on
     this device: inside the data shard_map (``manual=("data",)``) over this data rank's
     rows only. Gradients are constrained to the parameters' shardings on the other axes
-    (FSDP reduce-scatters each micro-batch's, ZeRO-3)."""
+    (FSDP reduce-scatters each micro-batch's, ZeRO-3). A model's scanned layers are stacked
+    once, before the loop, and differentiated as stacks (``lp_jax.training.layer_stacks``)."""
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
-    grad_fn = jax.value_and_grad(
-        lambda p, micro, key: forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual),
-        has_aux=True)
-    grad_specs = state_shardings(params, spec.mesh)
-    if manual:  # inside the shard_map: specs without its manual axes
-        grad_specs = jax.tree.map(lambda s: spec_without(s.spec, manual), grad_specs)
+    specs = jax.tree.map(lambda s: spec_without(s.spec, manual), state_shardings(params, spec.mesh))
+    stacks = LayerStacks(graphdef, params, rest)
+    if stacks:
+        diff = stacks.split(graphdef, params, rest)
+        outer_specs, by_path = stacks.split_specs(specs)
+        diff_specs = (outer_specs, stacks.stack_tree(diff[1], by_path))
+
+        def loss(diff, micro, key):
+            outer, layer_stacks = diff
+            return forward_nll(graphdef, stacks.params(outer, params), rest, micro, key,
+                               spec.mesh, manual, layer_stacks)
+    else:
+        diff, diff_specs = params, specs
+        loss = lambda p, micro, key: forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual)  # noqa: E731
+    if not manual:  # outside a shard_map a constraint names its mesh
+        diff_specs = jax.tree.map(lambda s: NamedSharding(spec.mesh, s), diff_specs,
+                                  is_leaf=lambda s: isinstance(s, P))
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+
     def accumulate(carry, xs):
         micro, index = xs
-        (nll, count), grads = grad_fn(params, micro, jax.random.fold_in(step_key, index))
-        grads = jax.lax.with_sharding_constraint(grads, grad_specs)
+        (nll, count), grads = grad_fn(diff, micro, jax.random.fold_in(step_key, index))
+        grads = jax.lax.with_sharding_constraint(grads, diff_specs)
         grad_sum, nll_sum, count_sum = carry
         return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
 
-    zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), grad_specs)
+    zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, diff), diff_specs)
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
     (grad_sum, nll_sum, count), _ = jax.lax.scan(
         accumulate, init, (batch, jnp.arange(spec.accum_steps)))
+    if stacks:
+        grad_sum = stacks.unsplit(*grad_sum)
     return grad_sum, nll_sum, count
 
 
