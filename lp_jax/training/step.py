@@ -32,6 +32,7 @@ from lp_jax.parallel.partitioning import (
 )
 from lp_jax.training.layer_stacks import LayerStacks
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
+from lp_jax.training.token_loss import token_nll
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,19 +67,6 @@ class StepSpec:
 def global_norm(tree) -> jax.Array:
     """sqrt of the sum of squares of all leaves (what clip_by_global_norm compares)."""
     return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
-
-
-def token_nll(logits, targets, mask):
-    """(sum of next-token negative log-likelihoods over unmasked tokens, their count), FP32."""
-    logits = logits.astype(jnp.float32)
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    # The target's logit picked by a masked sum (exact: one term), not take_along_axis: XLA's
-    # SPMD partitioner aborts on that gather from vocabulary-sharded logits inside the
-    # trainer's data-parallel shard_map when fsdp and tensor are both > 1 (docs/scaling.md).
-    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    target_logit = jnp.sum(jnp.where(vocab == targets[..., None], logits, 0.0), axis=-1)
-    mask = mask.astype(jnp.float32)
-    return jnp.sum((log_z - target_logit) * mask), jnp.sum(mask)
 
 
 def forward_nll(graphdef, params, rest, micro, key, mesh, manual=(), layer_stacks=None):
