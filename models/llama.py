@@ -49,7 +49,8 @@ def _remat_policy(name: str):
     return {"full": None, "dots_saveable": policies.dots_saveable,
             "dots_with_no_batch_dims_saveable": policies.dots_with_no_batch_dims_saveable,
             "megatron": policies.save_only_these_names(*MEGATRON_SAVED),
-            "elementwise": policies.save_anything_except_these_names(*RECOMPUTED_ELEMENTWISE),
+            "elementwise": policies.save_only_these_names(
+                *(n for n in MEGATRON_SAVED if n not in RECOMPUTED_ELEMENTWISE)),
             }[name]
 
 

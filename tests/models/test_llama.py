@@ -127,7 +127,7 @@ def test_scan_and_remat_equal_unrolled_forward_and_grad(model):
     # Each setting compiles once (a few seconds each on 2 cores): the reference, scan alone,
     # and each remat policy once, in the mode that makes it least like the reference.
     settings = [(False, "none"), (True, "none"), (True, "dots_saveable"), (False, "full"),
-                (True, "dots_with_no_batch_dims_saveable")]
+                (True, "dots_with_no_batch_dims_saveable"), (True, "megatron"), (False, "elementwise")]
     results = []
     for scan, remat in settings:
         value, grads = nnx.jit(nnx.value_and_grad(loss))(_with(model, scan_layers=scan, remat=remat))
