@@ -67,7 +67,9 @@ def what_would_help(plan: Plan) -> list[str]:
     helps = []
     if model.attention_impl == "xla" and cfg.data.seq_len >= 2048:
         helps.append("model.attention_impl=cudnn (XLA's attention keeps the [T, S] scores)")
-    if model.remat == "none":
+    if model.remat in ("none", "megatron", "dots_saveable"):
+        helps.append("model.remat=elementwise (recompute the norm outputs and the SwiGLU product)")
+    if model.remat != "full":
         helps.append("model.remat=full (recompute each layer in the backward)")
     if cfg.data.micro_batch_size > 1:
         helps.append(f"data.micro_batch_size={cfg.data.micro_batch_size // 2}")
