@@ -17,7 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lp_jax.recipes import RECIPES
-from lp_jax.runs.jsonl import read_jsonl
+from lp_jax.runs.jsonl import read_jsonl, read_jsonl_counted
 from models.config import flops_per_token, matmul_params  # noqa: F401  (re-exported)
 
 # Dense (no sparsity) peak tensor-core TFLOP/s per GPU. Sources: NVIDIA H100 Tensor Core GPU
@@ -90,7 +90,11 @@ class MetricsWriter:
     def _truncate_after(self, step: int) -> None:
         if not self.path.exists():
             return
-        kept = [row for row in read_metrics(self.path.parent) if row.get("step", 0) <= step]
+        rows, damaged = read_jsonl_counted(self.path)
+        if damaged:
+            print(f"metrics: {self.path}: skipped {damaged} damaged line(s); the other rows are kept",
+                  file=sys.stderr)
+        kept = [row for row in rows if row.get("step", 0) <= step]
         self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
 
     def write(self, step: int, values: dict[str, Any]) -> None:
@@ -109,8 +113,8 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The rows of RUN_DIR/metrics.jsonl ([] if there is none), up to a line cut short by
-    a killed process (what precedes it is good)."""
+    """The rows of RUN_DIR/metrics.jsonl ([] if there is none): a line cut short by a killed
+    process, or damaged in the middle, is skipped and the rows after it are kept."""
     return read_jsonl(pathlib.Path(run_dir) / "metrics.jsonl")
 
 

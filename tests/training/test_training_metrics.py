@@ -62,3 +62,16 @@ def test_a_line_cut_short_by_a_kill_is_dropped_on_read_and_on_resume(tmp_path):
     w.close()
     assert [(m["step"], m["loss"]) for m in metrics.read_metrics(tmp_path)] == [(1, 2.0), (2, 1.5), (3, 1.2)]
     assert metrics.read_metrics(tmp_path / "absent") == []
+
+
+def test_a_damaged_line_in_the_middle_costs_only_itself_on_read_and_on_resume(tmp_path, capsys):
+    rows = ['{"step": 1, "loss": 2.0}', '{"step": 2, "lo\x00ss"', '[3]', '{"step": 3, "loss": 1.2}',
+            '{"step": 4, "loss": 1.1}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    assert [m["step"] for m in metrics.read_metrics(tmp_path)] == [1, 3, 4]
+    w = metrics.MetricsWriter(tmp_path, start_step=3, tensorboard=False)
+    w.write(4, {"loss": 1.0})
+    w.close()
+    assert [(m["step"], m["loss"]) for m in metrics.read_metrics(tmp_path)] == [(1, 2.0), (3, 1.2), (4, 1.0)]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "skipped 2 damaged line(s)" in err[0] and "metrics.jsonl" in err[0]
