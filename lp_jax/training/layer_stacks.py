@@ -20,8 +20,13 @@ from jax.sharding import PartitionSpec as P
 LAYERS = "layers"
 
 
-def _key(k):
-    return getattr(k, "key", getattr(k, "name", getattr(k, "idx", None)))
+def _keys(path) -> tuple:
+    """A tree path as plain keys (dict keys, attribute names, sequence indices)."""
+    return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path)
+
+
+def _by_path(tree) -> dict:
+    return {_keys(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 class LayerStacks:
@@ -29,15 +34,16 @@ class LayerStacks:
     scanned runs (``outer``, a list) and the runs' stacks (``{start: State}``)."""
 
     def __init__(self, graphdef, params, rest):
-        model = nnx.merge(graphdef, params, rest)
-        runs = model.scanned_runs() if hasattr(model, "scanned_runs") else []
+        self._model = nnx.merge(graphdef, params, rest)
+        self._params = params
+        runs = self._model.scanned_runs() if hasattr(self._model, "scanned_runs") else []
         self.runs = tuple(runs)
         paths_leaves, self.treedef = jax.tree_util.tree_flatten_with_path(params)
         run_start = {i: start for start, end in self.runs for i in range(start, end)}
         # Per leaf: None (outer) or (run start, index in the run, path inside the layer).
         self.place = []
         for path, _ in paths_leaves:
-            keys = tuple(_key(k) for k in path)
+            keys = _keys(path)
             if len(keys) > 2 and keys[0] == LAYERS and keys[1] in run_start:
                 start = run_start[keys[1]]
                 self.place.append((start, keys[1] - start, keys[2:]))
@@ -47,46 +53,39 @@ class LayerStacks:
     def __bool__(self):
         return bool(self.runs)
 
-    def split(self, graphdef, params, rest):
-        """(outer leaves, stacks) of ``params``: the stacks are a copy (what to differentiate)."""
-        model = nnx.merge(graphdef, params, rest)
-        stacks = model.layer_param_stacks()
-        leaves = jax.tree.leaves(params)
-        return [x for x, where in zip(leaves, self.place) if where is None], stacks
+    def split(self):
+        """(outer leaves, stacks) of the params: the stacks are a copy (what to differentiate)."""
+        leaves = jax.tree.leaves(self._params)
+        return [x for x, where in zip(leaves, self.place) if where is None], self._model.layer_param_stacks()
 
-    def params(self, outer, params):
+    def params(self, outer):
         """The Params tree to merge the model from: ``outer`` outside the runs, the original
         leaves inside them (the model reads those runs from the stacks, so they go unread)."""
         it = iter(outer)
         leaves = [next(it) if where is None else x
-                  for x, where in zip(jax.tree.leaves(params), self.place)]
+                  for x, where in zip(jax.tree.leaves(self._params), self.place)]
         return jax.tree.unflatten(self.treedef, leaves)
 
     def unsplit(self, outer, stacks):
-        """A tree like ``params`` from (outer leaves, stacks): the stacks sliced per layer."""
-        by_path = {start: {tuple(_key(k) for k in path): leaf
-                           for path, leaf in jax.tree_util.tree_flatten_with_path(stack)[0]}
-                   for start, stack in stacks.items()}
+        """A tree like the params from (outer leaves, stacks): the stacks sliced per layer."""
+        by_path = {start: _by_path(stack) for start, stack in stacks.items()}
         it = iter(outer)
         leaves = [next(it) if where is None else by_path[where[0]][where[2]][where[1]]
                   for where in self.place]
         return jax.tree.unflatten(self.treedef, leaves)
 
-    def split_specs(self, specs):
-        """(outer specs, stack specs) from a tree of PartitionSpecs like ``params``: a stack
-        leaf is split as its run's first layer, with the layer axis whole."""
+    def split_specs(self, specs, stacks):
+        """(outer specs, stack specs like ``stacks``) from a tree of PartitionSpecs like the
+        params: a stack leaf is split as its run's first layer, with the layer axis whole."""
         leaves = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
         outer = [s for s, where in zip(leaves, self.place) if where is None]
         first = {}
         for s, where in zip(leaves, self.place):
             if where is not None and where[1] == 0:
                 first.setdefault(where[0], {})[where[2]] = P(None, *s)
-        return outer, first
 
-    def stack_tree(self, stacks, per_path):
-        """``stacks`` with each leaf replaced by ``per_path[start][path]``."""
-        def one(start, stack):
+        def stack_specs(start, stack):
             paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(stack)
-            return jax.tree.unflatten(treedef, [per_path[start][tuple(_key(k) for k in path)]
-                                                for path, _ in paths_leaves])
-        return {start: one(start, stack) for start, stack in stacks.items()}
+            return jax.tree.unflatten(treedef, [first[start][_keys(path)] for path, _ in paths_leaves])
+
+        return outer, {start: stack_specs(start, stack) for start, stack in stacks.items()}

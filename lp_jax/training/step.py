@@ -177,13 +177,12 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     specs = jax.tree.map(lambda s: spec_without(s.spec, manual), state_shardings(params, spec.mesh))
     stacks = LayerStacks(graphdef, params, rest)
     if stacks:
-        diff = stacks.split(graphdef, params, rest)
-        outer_specs, by_path = stacks.split_specs(specs)
-        diff_specs = (outer_specs, stacks.stack_tree(diff[1], by_path))
+        diff = stacks.split()
+        diff_specs = stacks.split_specs(specs, diff[1])
 
         def loss(diff, micro, key):
             outer, layer_stacks = diff
-            return forward_nll(graphdef, stacks.params(outer, params), rest, micro, key,
+            return forward_nll(graphdef, stacks.params(outer), rest, micro, key,
                                spec.mesh, manual, layer_stacks)
     else:
         diff, diff_specs = params, specs

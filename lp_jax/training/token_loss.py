@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 
 
-def _target_logit(logits_f32, targets):
-    # The target's logit picked by a masked sum (exact: one term), not take_along_axis: XLA's
-    # SPMD partitioner aborts on that gather from vocabulary-sharded logits inside the
-    # trainer's data-parallel shard_map when fsdp and tensor are both > 1 (docs/scaling.md).
-    vocab = jax.lax.broadcasted_iota(jnp.int32, logits_f32.shape, logits_f32.ndim - 1)
-    return jnp.sum(jnp.where(vocab == targets[..., None], logits_f32, 0.0), axis=-1)
+def _is_target(shape, targets):
+    """[..., V] bool: the target's vocabulary entry of each token. A masked sum picks the
+    target's logit (exact: one term), not take_along_axis: XLA's SPMD partitioner aborts on
+    that gather from vocabulary-sharded logits inside the trainer's data-parallel shard_map
+    when fsdp and tensor are both > 1 (docs/scaling.md)."""
+    return jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1) == targets[..., None]
 
 
 @jax.custom_vjp
@@ -29,16 +29,15 @@ def _nll_sum(logits, targets, mask_f32):
 def _nll_fwd(logits, targets, mask_f32):
     logits_f32 = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits_f32, axis=-1)
-    target_logit = _target_logit(logits_f32, targets)
+    target_logit = jnp.sum(jnp.where(_is_target(logits.shape, targets), logits_f32, 0.0), axis=-1)
     return jnp.sum((log_z - target_logit) * mask_f32), (logits, log_z, targets, mask_f32)
 
 
 def _nll_bwd(res, g):
     logits, log_z, targets, mask_f32 = res
     logits_f32 = logits.astype(jnp.float32)
-    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
     probs = jnp.exp(logits_f32 - log_z[..., None])
-    onehot = (vocab == targets[..., None]).astype(jnp.float32)
+    onehot = _is_target(logits.shape, targets).astype(jnp.float32)
     d_logits = (probs - onehot) * (g * mask_f32)[..., None]
     return d_logits.astype(logits.dtype), None, None
 

@@ -66,7 +66,7 @@ def test_split_and_unsplit_round_trip():
     params, rest = state["params"], state["rest"]
     stacks = LayerStacks(graphdef, params, rest)
     assert stacks.runs == ((1, 4),)  # layers 0 and 4 in BF16, each called alone
-    outer, stacked = stacks.split(graphdef, params, rest)
+    outer, stacked = stacks.split()
     assert set(stacked) == {1}
     kernel = stacked[1]["attn"]["q_proj"]["kernel"][...]
     assert kernel.shape[0] == 3
