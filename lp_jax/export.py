@@ -4,7 +4,9 @@
 
 SOURCE is a run folder, its checkpoints/ folder or one checkpoints/STEP folder (a plain
 state checkpoint of `python -m models.hf import` exports with `python -m models.hf export`).
-Bad input prints one `error: ...` line and exits with status 2.
+HF_DIR is written whole (``lp_jax/runs/hf_export.py``): an earlier export there is replaced,
+a folder that holds other files is refused. Bad input, and a write that fails (a full disk),
+print one `error: ...` line and exit with status 2.
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
+from models.files import file_mode, read_json_object
 from models.hf_config import IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf, tensor_map
 from models.llama import Llama
 
@@ -52,11 +53,7 @@ def read_hf_config(path: str) -> dict:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise HFError(f"missing file {config_path}")
-    try:
-        with open(config_path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise HFError(f"{config_path} is not valid JSON: {e}") from None
+    return read_json_object(config_path)
 
 
 def _safe_open(file: str):
@@ -75,10 +72,9 @@ def _weight_files(path: str) -> dict[str, str]:
         with _safe_open(single) as f:
             return {name: single for name in f.keys()}
     if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise HFError(f"{index} has no weight_map")
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise HFError(f"{index} has no weight_map of tensor names to file names")
         for shard in sorted(set(weight_map.values())):
             if not os.path.isfile(os.path.join(path, shard)):
                 raise HFError(f"missing file {os.path.join(path, shard)} (listed in {INDEX_FILE})")
@@ -220,14 +216,13 @@ def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
         current[name] = array
         size += array.nbytes
     shards.append(current)
-    metadata = {"format": "pt"}  # transformers refuses safetensors files without it
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(path, SINGLE_FILE), metadata=metadata)
+        _save_safetensors(shards[0], os.path.join(path, SINGLE_FILE))
     else:
         weight_map = {}
         for k, shard in enumerate(shards, 1):
             fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(path, fname), metadata=metadata)
+            _save_safetensors(shard, os.path.join(path, fname))
             weight_map.update({name: fname for name in shard})
         index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
                  "weight_map": weight_map}
@@ -236,6 +231,13 @@ def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
     config = {**(extra_config or {}), **config_to_hf(model.config, dt_name)}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
+
+
+def _save_safetensors(tensors: dict[str, np.ndarray], file: str) -> None:
+    """save_file, with the mode of the folder's other files: it writes through a private
+    temporary file, whose mode 0600 the weights would keep."""
+    save_file(tensors, file, metadata={"format": "pt"})  # transformers needs the format
+    os.chmod(file, file_mode())
 
 
 # ---- plain Orbax checkpoints of the model state (the CLI's other side) ----
@@ -262,8 +264,11 @@ def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llam
         if not os.path.isfile(config_path):
             raise HFError(f"missing file {config_path} (pass a preset for a bare state checkpoint; "
                           "a training run exports with python -m lp_jax.export RUN_DIR HF_DIR)")
-        with open(config_path) as f:
-            cfg = config_from_dict(json.load(f))
+        saved = read_json_object(config_path)
+        try:
+            cfg = config_from_dict(saved)
+        except (TypeError, ValueError) as e:
+            raise HFError(f"{config_path} does not describe a model: {' '.join(str(e).split())}") from None
     if not os.path.isdir(state_dir):
         state_dir = ckpt_dir
     abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))

@@ -4,13 +4,15 @@
     python -m models.hf export CKPT_DIR HF_DIR [--dtype bfloat16] [--max-shard-size 5GB]
     python -m models.hf export STATE_DIR HF_DIR --preset llama3_8b   # a bare state checkpoint
 
-A training run folder exports with `python -m lp_jax.export RUN_DIR HF_DIR`. Bad input
-prints one `error: ...` line and exits with status 2.
+A training run folder exports with `python -m lp_jax.export RUN_DIR HF_DIR`. Both write
+their output folder whole (``models.files``): export replaces an earlier export (one holding
+lp_jax_export.json) and refuses any other folder that holds files; import refuses a folder
+that is not empty. Bad input, and a write that fails (a full disk), print one `error: ...`
+line and exit with status 2.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -38,38 +40,52 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    # Deferred so that `--help` and argument errors answer without importing JAX.
-    from models import hf
-    from models.config import preset
     try:
         if args.command == "import":
-            if os.path.exists(os.path.join(args.ckpt_dir, "state")):
-                raise HFError(f"{args.ckpt_dir} already holds a checkpoint; choose a new folder")
-            model = hf.load_hf(args.hf_dir, dtype=args.dtype, param_dtype=args.param_dtype)
-            hf.save_state_checkpoint(model, args.ckpt_dir, hf_config=hf.read_hf_config(args.hf_dir))
-            print(f"imported {args.hf_dir} -> {args.ckpt_dir}")
-        elif not os.path.isdir(args.ckpt_dir):
-            raise HFError(f"{args.ckpt_dir}: no such folder")
+            _import(args)
         else:
-            cfg = None
-            if args.preset is not None:
-                try:
-                    cfg = preset(args.preset)
-                except ValueError as e:
-                    raise HFError(str(e)) from None
-            model = hf.load_state_checkpoint(args.ckpt_dir, cfg)
-            extra = None
-            hf_config_path = os.path.join(args.ckpt_dir, "hf_config.json")
-            if os.path.isfile(hf_config_path):
-                with open(hf_config_path) as f:
-                    extra = json.load(f)
-            hf.save_hf(model, args.hf_dir, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                       extra_config=extra)
-            print(f"exported {args.ckpt_dir} -> {args.hf_dir}")
+            _export(args)
     except HFError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _import(args) -> None:
+    # Deferred so that `--help` and argument errors answer without importing JAX.
+    from models import hf
+    from models.files import check_output, written_whole
+
+    check_output(args.ckpt_dir, "ckpt_dir", replaces_exports=False)  # import never overwrites
+    model = hf.load_hf(args.hf_dir, dtype=args.dtype, param_dtype=args.param_dtype)
+    hf_config = hf.read_hf_config(args.hf_dir)
+    with written_whole(args.ckpt_dir, "ckpt_dir") as folder:
+        hf.save_state_checkpoint(model, folder, hf_config=hf_config)
+    print(f"imported {args.hf_dir} -> {args.ckpt_dir}")
+
+
+def _export(args) -> None:
+    from models import hf
+    from models.config import preset
+    from models.files import check_output, read_json_object, written_whole
+
+    if not os.path.isdir(args.ckpt_dir):
+        raise HFError(f"{args.ckpt_dir}: no such folder")
+    check_output(args.hf_dir, "hf_dir", replaces_exports=True)
+    cfg = None
+    if args.preset is not None:
+        try:
+            cfg = preset(args.preset)
+        except ValueError as e:
+            raise HFError(str(e)) from None
+    hf_config_path = os.path.join(args.ckpt_dir, "hf_config.json")
+    extra = read_json_object(hf_config_path) if os.path.isfile(hf_config_path) else None
+    model = hf.load_state_checkpoint(args.ckpt_dir, cfg)
+    marker = {"written_by": "python -m models.hf export", "source": os.path.abspath(args.ckpt_dir)}
+    with written_whole(args.hf_dir, "hf_dir", marker=marker) as folder:
+        hf.save_hf(model, folder, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                   extra_config=extra)
+    print(f"exported {args.ckpt_dir} -> {args.hf_dir}")
 
 
 if __name__ == "__main__":

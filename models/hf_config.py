@@ -27,6 +27,9 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
     """(theta, scaling) from either style; `original_max_position_embeddings` defaults to
     `max_position_embeddings`, as transformers does."""
     params = d.get("rope_parameters")
+    for key in ("rope_parameters", "rope_scaling"):
+        _require(d.get(key) is None or isinstance(d[key], dict),
+                 f"bad RoPE settings in config.json: {key} is not an object")
     if params is not None:
         params = dict(params)
         theta = params.get("rope_theta", d.get("rope_theta", 10_000.0))
@@ -53,9 +56,11 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
 def config_from_hf(d: dict[str, Any], *, dtype, param_dtype) -> LlamaConfig:
     archs = d.get("architectures") or []
     _require(not archs or any(a in SUPPORTED_ARCHITECTURES for a in archs),
-             f"unsupported architecture {archs} in config.json; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+             f"unsupported architecture {archs} in config.json; "
+             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     model_type = d.get("model_type", "llama")
-    _require(model_type == "llama", f"unsupported model_type {model_type!r} in config.json; supported: 'llama'")
+    _require(model_type == "llama",
+             f"unsupported model_type {model_type!r} in config.json; supported: 'llama'")
     act = d.get("hidden_act", "silu")
     _require(act == "silu", f"unsupported hidden_act {act!r} in config.json; supported: 'silu'")
     for flag in ("attention_bias", "mlp_bias"):
@@ -75,7 +80,7 @@ def config_from_hf(d: dict[str, Any], *, dtype, param_dtype) -> LlamaConfig:
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
             max_seq_len=int(d.get("max_position_embeddings", 8192)),
             init_std=float(d.get("initializer_range", 0.02)), dtype=dtype, param_dtype=param_dtype)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:  # a value of the wrong type: a list for a number
         raise HFError(f"config.json does not describe a valid Llama: {e}") from None
 
 

@@ -148,11 +148,20 @@ def load(plan, state: dict, say: Callable[[str], Any] = print) -> dict:
     if not requested(c):
         return state
     if c.init.hf:
-        arrays, where = read_params(c.init.hf, plan.model_config), f"init.hf={c.init.hf}"
+        arrays, where = _hf_params(c.init.hf, plan.model_config), f"init.hf={c.init.hf}"
     else:
         arrays, where = _run_params(c.init.checkpoint)
     say(f"weights from {where}; optimizer moments and learning-rate schedule start fresh")
     return {**state, "params": _placed(state["params"], arrays)}
+
+
+def _hf_params(path: str, cfg):
+    """The folder's weights; checked when the config was, but read only now (it may have
+    changed since)."""
+    try:
+        return read_params(path, cfg)
+    except HFError as e:
+        raise UserError(f"init.hf={path}: {e}") from None
 
 
 def _run_params(spec: str):

@@ -86,8 +86,8 @@ def test_numpy_reader_matches_transformers(folder, style):
 def test_exported_run_loads_as_llama_for_causal_lm(source):
     config, root = source
     hf_dir = str(root / "hf")
-    assert sorted(os.listdir(hf_dir)) == ["config.json", "model.safetensors", "tokenizer.json",
-                                          "tokenizer_config.json"]
+    assert sorted(os.listdir(hf_dir)) == ["config.json", "lp_jax_export.json", "model.safetensors",
+                                          "tokenizer.json", "tokenizer_config.json"]
     exported = json.load(open(os.path.join(hf_dir, "config.json")))
     # Every key transformers wrote for the fixture model is there, with the same type.
     written = json.load(open(os.path.join(UNTIED, "config.json")))
