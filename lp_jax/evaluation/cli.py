@@ -4,20 +4,26 @@
                    [--limit N] [--shots K] [--output results.json] [--log-samples FILE]
                    [--dtype bfloat16|float32] [--batch-size B] [--max-length L]
 
-Bad input (unknown task, missing data package, bad path) prints one line and exits 2.
+Bad input (unknown task, missing data package, bad path, more --shots than a task has
+examples for) prints one line and exits 2, before the model is loaded: the documents of
+every task are built, and every output path probed, first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from typing import Iterator, TextIO
 
 from lp_jax.errors import UserError
 from lp_jax.evaluation.data_package import package_dir
-from lp_jax.evaluation.tasks import TASKS, parse_task_names
+from lp_jax.evaluation.documents import Doc
+from lp_jax.evaluation.tasks import TASKS, load_task, parse_task_names
+from lp_jax.runs.writable import write_problem
 
 DTYPES = ("bfloat16", "float32")
 MMLU_DEV_EXAMPLES = 5  # few-shot examples per subject in MMLU's dev split
@@ -70,11 +76,65 @@ def _validate(args) -> list[str]:
     path = args.checkpoint or args.hf
     if not os.path.isdir(path):
         raise UserError(f"{'--checkpoint' if args.checkpoint else '--hf'} {path}: no such folder")
-    for flag, file in (("--output", args.output), ("--log-samples", args.log_samples)):
-        if file and not os.path.isdir(os.path.dirname(os.path.abspath(file))):
-            raise UserError(f"{flag} {file}: its folder does not exist")
+    _check_outputs(args)
     package_dir()  # fails early, before any model is loaded, if the data is absent
     return tasks
+
+
+def _results_path(args) -> str:
+    if args.output:
+        return args.output
+    return os.path.join(args.checkpoint, "eval_results.json") if args.checkpoint \
+        else "eval_results.json"
+
+
+def _output_problem(path: str) -> str | None:
+    """Why file `path` cannot be written (by temp file and rename), or None."""
+    if os.path.isdir(path):
+        return "it is a folder, not a file"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{folder} is a file, not a folder" if os.path.exists(folder) \
+            else "its folder does not exist"
+    return write_problem(folder)
+
+
+def _check_outputs(args) -> None:
+    """Every file eval.py writes is checked now, not after the scoring it would lose."""
+    results = _results_path(args)
+    outputs = [("--output" if args.output else "results file", results)]
+    if args.log_samples:
+        if os.path.realpath(args.log_samples) == os.path.realpath(results):
+            raise UserError(f"--log-samples {args.log_samples}: it is also the results file")
+        outputs.append(("--log-samples", args.log_samples))
+    for what, path in outputs:
+        problem = _output_problem(path)
+        if problem:
+            raise UserError(f"{what} {path}: {problem}")
+
+
+def _build_docs(args, tasks: list[str]) -> dict[str, list[Doc]]:
+    """Each task's documents with their few-shot prompts: a task with fewer examples than
+    --shots fails here, the way it would while scoring."""
+    return {name: load_task(name, shots=args.shots, limit=args.limit) for name in tasks}
+
+
+@contextlib.contextmanager
+def _written_on_success(path: str) -> Iterator[TextIO]:
+    """A file to write that becomes `path` only when the block succeeds: a crash leaves
+    no half-written file, and whatever `path` held before stays whole until then."""
+    folder, name = os.path.split(os.path.abspath(path))
+    temp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        raise
 
 
 def _load(args):
@@ -91,7 +151,7 @@ def _load(args):
         raise UserError(f"cannot load the model: {e}") from None
 
 
-def run(args, tasks: list[str], loaded) -> dict:
+def run(args, tasks: list[str], loaded, docs: dict[str, list[Doc]] | None = None) -> dict:
     from lp_jax.evaluation.runner import evaluate, format_table
     from lp_jax.evaluation.scorer import LoglikelihoodScorer
 
@@ -99,21 +159,18 @@ def run(args, tasks: list[str], loaded) -> dict:
     scorer = LoglikelihoodScorer(loaded.model, loaded.tokenizer, max_length=max_length,
                                  batch_size=args.batch_size, progress=not args.no_progress)
     start = time.time()
-    samples = open(args.log_samples, "w") if args.log_samples else None
-    try:
-        results = evaluate(scorer, tasks, shots=args.shots, limit=args.limit, samples=samples)
-    finally:
-        if samples is not None:
-            samples.close()
+    with (_written_on_success(args.log_samples) if args.log_samples
+          else contextlib.nullcontext()) as samples:
+        results = evaluate(scorer, tasks, shots=args.shots, limit=args.limit, samples=samples,
+                           docs=docs)
     report = {
         "config": {"model": loaded.source, "tasks": tasks, "shots": args.shots,
                    "limit": args.limit, "dtype": args.dtype, "batch_size": args.batch_size,
                    "max_length": max_length, "seconds": round(time.time() - start, 1)},
         "results": results,
     }
-    output = args.output or (os.path.join(args.checkpoint, "eval_results.json")
-                             if args.checkpoint else "eval_results.json")
-    with open(output, "w") as f:
+    output = _results_path(args)
+    with _written_on_success(output) as f:
         json.dump(report, f, indent=2)
     print(format_table(results))
     print(f"results written to {output}")
@@ -124,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         tasks = _validate(args)
+        docs = _build_docs(args, tasks)
         loaded = _load(args)
     # Input errors only: a failure while scoring is a bug and keeps its traceback.
     except (ValueError, OSError) as e:  # UserError (DataPackageError too) is a ValueError
@@ -132,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     from lp_jax.evaluation.scorer import UnscorableError
 
     try:
-        run(args, tasks, loaded)
+        run(args, tasks, loaded, docs)
     except UnscorableError as e:  # a model and tokenizer that do not belong together
         print(f"eval.py: error: {loaded.source}: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,8 @@ import dataclasses
 import random
 from typing import Any, Callable, Sequence
 
+from lp_jax.errors import UserError
+
 TARGET_DELIMITER = " "
 FEWSHOT_DELIMITER = "\n\n"
 # lm-evaluation-harness's default `fewshot_random_seed`.
@@ -98,19 +100,36 @@ def build_docs(
         raise ValueError(f"shots must be >= 0, got {shots}")
     eval_rows = list(rows if limit is None else rows[:limit])
     if fewshot_rows is not None and shots > len(fewshot_rows):
-        raise ValueError(
-            f"{task}: --shots {shots} exceeds the {len(fewshot_rows)} few-shot examples available")
-    rng = random.Random(FEWSHOT_SEED)
+        raise UserError(f"{task}: --shots {shots} exceeds the {len(fewshot_rows)} few-shot "
+                        f"examples available, its {len(fewshot_rows)} dev examples")
     pool = list(rows)
+    # The first draw takes shots + 1 rows of the pool, which holds the document itself.
+    if fewshot_rows is None and eval_rows and shots > len(pool) - 1:
+        raise UserError(f"{task}: --shots {shots} exceeds the {len(pool) - 1} few-shot examples "
+                        f"available, the other documents of its {len(pool)}-document split")
+    rng = random.Random(FEWSHOT_SEED)
     fixed_examples = "".join(fmt.fewshot_example(r) for r in (fewshot_rows or [])[:shots])
     docs = []
     for index, row in enumerate(eval_rows):
         if shots == 0 or fewshot_rows is not None:
             examples = fixed_examples
         else:
-            drawn = [r for r in rng.sample(pool, shots + 1) if r != row][:shots]
-            if len(drawn) < shots:  # duplicates of the document were drawn: the harness redraws
-                drawn = rng.sample([r for r in pool if r != row], shots)
-            examples = "".join(fmt.fewshot_example(r) for r in drawn)
+            examples = "".join(fmt.fewshot_example(r) for r in _draw(rng, pool, row, shots, task,
+                                                                     index))
         docs.append(fmt.make_doc(task, index, row, fmt.description + examples))
     return docs
+
+
+def _draw(rng: random.Random, pool: list[Row], row: Row, shots: int, task: str,
+          index: int) -> list[Row]:
+    """`shots` rows of `pool` other than `row` (rows equal to it count as it)."""
+    drawn = [r for r in rng.sample(pool, shots + 1) if r != row][:shots]
+    if len(drawn) == shots:
+        return drawn
+    # Duplicates of the document were drawn: the harness redraws from the rows that differ.
+    others = [r for r in pool if r != row]
+    if shots > len(others):
+        raise UserError(f"{task}: --shots {shots} exceeds the {len(others)} few-shot examples "
+                        f"available to document {index}, the documents of its split that "
+                        "differ from it")
+    return rng.sample(others, shots)

@@ -14,7 +14,6 @@ Two sources:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ from lp_jax.errors import UserError
 from lp_jax.evaluation.pair_encoding import ScoringTokenizer
 from lp_jax.runs.model_state import restore_model_state  # noqa: F401  (re-exported: the state reader)
 from lp_jax.runs.run_folder import open_and_restore
+from models.files import read_json_object
 from models.hf import load_hf
 
 # The harness's fallback when a model states no context length.
@@ -45,15 +45,26 @@ def _require_file(path: str) -> str:
     return path
 
 
+def _max_length(config: dict, config_path: str) -> int:
+    value = config.get("max_position_embeddings") or DEFAULT_MAX_LENGTH
+    try:
+        length = int(value)
+    except (TypeError, ValueError):
+        length = 0
+    if length < 1:
+        raise UserError(f"{config_path}: max_position_embeddings must be a positive "
+                        f"integer, got {value!r}")
+    return length
+
+
 def load_from_hf_dir(path: str, dtype=jnp.bfloat16) -> LoadedModel:
     if not os.path.isdir(path):
         raise UserError(f"--hf {path}: not a folder")
-    with open(_require_file(os.path.join(path, "config.json"))) as f:
-        config = json.load(f)
+    config_path = _require_file(os.path.join(path, "config.json"))
+    max_length = _max_length(read_json_object(config_path, UserError), config_path)
     tokenizer = HFTokenizerFile(_require_file(os.path.join(path, "tokenizer.json")))
 
     model = load_hf(path, dtype=dtype)
-    max_length = int(config.get("max_position_embeddings") or DEFAULT_MAX_LENGTH)
     return LoadedModel(model, tokenizer, max_length, f"hf:{os.path.abspath(path)}")
 
 

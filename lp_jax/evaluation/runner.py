@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Sequence, TextIO
+from typing import Mapping, Sequence, TextIO
 
+from lp_jax.evaluation.documents import Doc
 from lp_jax.evaluation.metrics import doc_metrics, group_summary, task_summary
 from lp_jax.evaluation.mmlu import SUBJECTS
 from lp_jax.evaluation.scorer import LoglikelihoodScorer
@@ -12,14 +13,17 @@ from lp_jax.evaluation.tasks import SPLITS, load_task, task_groups
 
 
 def evaluate_task(scorer: LoglikelihoodScorer, name: str, *, shots: int = 0,
-                  limit: int | None = None, samples: TextIO | None = None) -> dict[str, dict]:
+                  limit: int | None = None, samples: TextIO | None = None,
+                  docs: Sequence[Doc] | None = None) -> dict[str, dict]:
     """Results of one task: `{name: summary}`, plus MMLU's categories and subjects.
 
     A summary holds acc, acc_norm, acc_bytes, their `_stderr`, n (documents), split and
     shots. With `samples`, one JSON line per document is written to it:
     {"task", "doc" (index in the split), "loglikelihoods" (one per choice), "gold"}.
+    `docs` are the task's documents when already built (`load_task(name, shots, limit)`).
     """
-    docs = load_task(name, shots=shots, limit=limit)
+    if docs is None:
+        docs = load_task(name, shots=shots, limit=limit)
     pairs = [pair for doc in docs for pair in zip(doc.contexts, doc.continuations)]
     loglikelihoods = scorer.score(pairs, desc=name)
     per_doc: dict[str, list[dict[str, float]]] = {}
@@ -44,10 +48,13 @@ def evaluate_task(scorer: LoglikelihoodScorer, name: str, *, shots: int = 0,
 
 
 def evaluate(scorer: LoglikelihoodScorer, task_names: Sequence[str], *, shots: int = 0,
-             limit: int | None = None, samples: TextIO | None = None) -> dict[str, dict]:
+             limit: int | None = None, samples: TextIO | None = None,
+             docs: Mapping[str, Sequence[Doc]] | None = None) -> dict[str, dict]:
+    """Results of the tasks in order; `docs` maps task names to their built documents."""
     results: dict[str, dict] = {}
     for name in task_names:
-        results.update(evaluate_task(scorer, name, shots=shots, limit=limit, samples=samples))
+        results.update(evaluate_task(scorer, name, shots=shots, limit=limit, samples=samples,
+                                     docs=(docs or {}).get(name)))
     return results
 
 
