@@ -2,10 +2,11 @@
 
 Sequence ``i`` of a shard is its ``seq_len + 1`` tokens from token ``i * seq_len``; each
 example carries ``tokens``, ``targets``, ``segment_ids``, ``positions`` and ``loss_mask``
-(docs/training.md, "Data"). The order is ``MapDataset.source -> shuffle(seed) -> repeat ->
-batch``: random access, so the iterator state is a position and a resumed run reads exactly
-the batches it would have read. Global batch ``b`` is the same sequences whatever the
-process count; each process reads only the rows its own devices hold (``host_rows``).
+(docs/training.md, "Data"). The order is ``MapDataset.source -> shuffle(seed) -> repeat``,
+cut into batches by ``BatchStream``: random access, so the iterator state is a position,
+in sequences, and a resumed run reads exactly the sequences it would have read, at any
+batch size. Global batch ``b`` is the same sequences whatever the process count; each
+process reads only the rows its own devices hold (``host_rows``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from lp_jax.data import shards
+from lp_jax.data.batch_stream import BatchStream
 from lp_jax.data.prepare_data import cached_text_shards
 from lp_jax.errors import UserError
 from lp_jax.parallel.partitioning import batch_sharding
@@ -183,25 +185,16 @@ def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | No
 
 
 def train_iterator(source, seed: int, global_batch_size: int, read_threads: int = 1,
-                   rows: np.ndarray | None = None):
+                   rows: np.ndarray | None = None) -> BatchStream:
     """An endless, seeded, checkpointable iterator of global batches (dicts of arrays), or,
-    with ``rows`` (from host_rows), of those rows of each global batch only."""
+    with ``rows`` (from host_rows), of those rows of each global batch only; its position
+    is in sequences (lp_jax/data/batch_stream.py)."""
     ds = grain.MapDataset.source(source)
     if not isinstance(source, MockSequences):  # mock data is already random per index
         ds = ds.shuffle(seed=seed)  # reshuffled differently each epoch by repeat()
-    ds = ds.repeat(None)
-    if rows is None:
-        ds = ds.batch(global_batch_size, drop_remainder=True)
-    else:
-        stream, rows = ds, np.asarray(rows, np.int64)
-        local = len(rows)
-        # Element i of this process's stream: row rows[i % local] of global batch i // local.
-        ds = grain.MapDataset.range(0, len(stream) // global_batch_size * local).map(
-            lambda i: stream[(i // local) * global_batch_size + int(rows[i % local])])
-        ds = ds.batch(local, drop_remainder=True)
     options = grain.ReadOptions(num_threads=read_threads,
                                 prefetch_buffer_size=2 * read_threads if read_threads else 0)
-    return iter(ds.to_iter_dataset(read_options=options))
+    return BatchStream(ds.repeat(None), global_batch_size, options, rows)
 
 
 def validation_batches(source, global_batch_size: int, num_batches: int,
