@@ -15,6 +15,12 @@ class UserError(ValueError):
     """Bad input, reported as one line (exit status 2 at the CLIs)."""
 
 
+class RunStoppedError(RuntimeError):
+    """A run that has to stop on its way (non-finite steps, a checkpoint or metrics file
+    that cannot be written, its folder gone), reported as one line (train.py exits 1);
+    what was saved before it is untouched."""
+
+
 def one_line(e: BaseException, limit: int = ONE_LINE_LIMIT, typed: bool = False) -> str:
     """The exception's text on one line (whitespace runs folded), cut at ``limit``
     characters; its type's name when it has no text, or before the text with ``typed``."""
@@ -23,3 +29,4 @@ def one_line(e: BaseException, limit: int = ONE_LINE_LIMIT, typed: bool = False)
     if typed:
         return f"{type(e).__name__}: {text}" if text else type(e).__name__
     return text or type(e).__name__
+

@@ -1,5 +1,6 @@
-"""Quiet while a checkpoint is read: Orbax's logs (``orbax_logs``) and the reports of the
-reads a failed restore abandons (``abandoned_reads_hushed``).
+"""Quiet while a checkpoint is read or a save fails: Orbax's logs (``orbax_logs``; a failed
+save's threads, ``SaveThreadErrorsHushed``) and the reports of the reads (or writes) a
+failure abandons (``abandoned_reads_hushed``).
 
 Orbax closes its event loop of concurrent array reads as soon as one read fails; each read
 still in flight then raises ``RuntimeError: Event loop is closed`` on a TensorStore thread,
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import re
 import sys
 import threading
@@ -33,8 +35,58 @@ def orbax_logs(level: int):
         logger.setLevel(previous)
 
 
+class SaveThreadErrorsHushed:
+    """Until ``close``: what Orbax's background save threads report of a failed save is
+    dropped, their error logs and the closed-loop reports of the writes the failure
+    abandons; the failure reaches the caller as an exception when it waits for the save.
+    Every other log record and unraisable exception passes."""
+
+    def __init__(self):
+        self._logger = logging.getLogger("absl")
+        self._logger.addFilter(self._keep)
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._hook
+
+    @staticmethod
+    def _keep(record: logging.LogRecord) -> bool:
+        return f"{os.sep}orbax{os.sep}" not in record.pathname or record.levelno < logging.ERROR
+
+    def _hook(self, unraisable) -> None:
+        if not _is_closed_loop(unraisable):
+            self._previous_hook(unraisable)
+
+    def close(self) -> None:
+        self._logger.removeFilter(self._keep)
+        if sys.unraisablehook is self._hook:
+            sys.unraisablehook = self._previous_hook
+
+
 # asyncio names the class of the object collected: Future, Task or a subclass of either.
 NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
+
+
+def _is_orbax_unretrieved(record: logging.LogRecord) -> bool:
+    if not NEVER_RETRIEVED.match(record.getMessage()) or not record.exc_info:
+        return False
+    tb = record.exc_info[2]
+    while tb is not None:
+        if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def unretrieved_write_failures_dropped() -> None:
+    """From now on in this process, asyncio's reports of Orbax writes that failed with
+    nobody awaiting them are dropped: once a save has failed (and said so), the writes it
+    abandoned report themselves when they are collected, at exit as often as not."""
+    logger = logging.getLogger("asyncio")
+    if not any(f is _drop_orbax_unretrieved for f in logger.filters):
+        logger.addFilter(_drop_orbax_unretrieved)
+
+
+def _drop_orbax_unretrieved(record: logging.LogRecord) -> bool:
+    return not _is_orbax_unretrieved(record)
 
 
 def _is_closed_loop(unraisable) -> bool:

@@ -15,6 +15,7 @@ import glob
 import json
 import logging
 import os
+import shutil
 from typing import Any, Callable
 
 import grain
@@ -24,16 +25,22 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from lp_jax.errors import one_line
-from lp_jax.runs.orbax_quiet import abandoned_reads_hushed, orbax_logs
+from lp_jax.errors import RunStoppedError, one_line
 from lp_jax.runs.writable import write_problem
+from models.files import os_reason
+from models.orbax_quiet import (
+    SaveThreadErrorsHushed,
+    abandoned_reads_hushed,
+    orbax_logs,
+    unretrieved_write_failures_dropped,
+)
 
 
 class PoisonedStateError(RuntimeError):
     """Raised instead of writing a checkpoint whose parameters or moments are not finite."""
 
 
-class CheckpointWriteError(RuntimeError):
+class CheckpointWriteError(RunStoppedError):
     """A checkpoint could not be written (the folder went away, turned read-only, filled
     up). The message is one line; the checkpoints written before it are untouched."""
 
@@ -60,6 +67,10 @@ class Checkpointer:
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
         self.directory = os.path.abspath(directory)
+        self._pending = None  # the step of an asynchronous save that may still be writing
+        # A save that fails in Orbax's background threads is logged there, tracebacks and
+        # all, several times over; the error this class raises for it says it once.
+        self._hush = SaveThreadErrorsHushed()
         with orbax_logs(logging.ERROR):  # an empty step folder is reported by restore_newest
             self._manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -78,19 +89,20 @@ class Checkpointer:
         problem = write_problem(self.directory)
         if problem:
             raise CheckpointWriteError(f"cannot save step {step}: {problem}")
+        self.wait()  # an earlier save that failed is reported as that step's
         ocp = self._ocp
         items = {"state": ocp.args.StandardSave(state),
                  "meta": ocp.args.JsonSave(meta)}
         if data_iterator is not None:
             items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
         # force: our loop decides when to save (every N, end, stop_at, signals). Orbax
-        # raises ValueError, OSError, TimeoutError or a bare Exception, here or for an
-        # earlier asynchronous save that failed in the background.
+        # raises ValueError, OSError, TimeoutError or a bare Exception.
         try:
-            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self._pending = step
+            with abandoned_reads_hushed():
+                self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
-            raise CheckpointWriteError(f"saving step {step} in {self.directory} failed: "
-                                       f"{one_line(e, 200, typed=True)}") from e
+            raise self._write_error(e) from e
 
     def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> tuple[Any, dict]:
         """(state, meta) of ``step``; the data iterator is restored in place."""
@@ -167,16 +179,31 @@ class Checkpointer:
     def wait(self) -> None:
         """Blocks until asynchronous saves are written; CheckpointWriteError if one failed."""
         try:
-            self._manager.wait_until_finished()
+            with abandoned_reads_hushed():  # a failed write abandons its others alike
+                self._manager.wait_until_finished()
         except Exception as e:
-            raise CheckpointWriteError(f"writing a checkpoint in {self.directory} failed: "
-                                       f"{one_line(e, 200, typed=True)}") from e
+            raise self._write_error(e) from e
+        self._pending = None
+
+    def _write_error(self, e: Exception) -> CheckpointWriteError:
+        """The one-line error for the pending save's failure, once its partial folder is
+        removed (Orbax writes a step under a temporary name until it is complete, so the
+        checkpoints already saved are untouched and a full disk gets its space back)."""
+        step, self._pending = self._pending, None
+        unretrieved_write_failures_dropped()
+        for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
+            shutil.rmtree(partial, ignore_errors=True)
+        saved = [s for s in self.all_steps() if s != step]
+        kept = f"; the checkpoints saved before it (steps up to {max(saved)}) are untouched" if saved else ""
+        reason = os_reason(e) or one_line(e, 200, typed=True)
+        return CheckpointWriteError(f"saving step {step} in {self.directory} failed: {reason}{kept}")
 
     def close(self) -> None:
         try:
             self.wait()
         finally:
             self._manager.close()
+            self._hush.close()
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from lp_jax.errors import UserError
-from lp_jax.runs.orbax_quiet import abandoned_reads_hushed, orbax_logs
+from models.orbax_quiet import abandoned_reads_hushed, orbax_logs
 
 
 def _on_device(abstract_tree):

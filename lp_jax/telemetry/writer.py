@@ -8,12 +8,11 @@ as if the run had never stopped. TensorBoard gets its own event file in the run'
 """
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import sys
 
-from lp_jax.runs.jsonl import read_jsonl
+from lp_jax.runs.jsonl import JsonlAppender, read_jsonl
 from lp_jax.telemetry import heatmap
 from lp_jax.telemetry.probe import OPERANDS, Layout
 from lp_jax.telemetry.records import number, record, sqnr_grid
@@ -31,10 +30,7 @@ def read_quant_stats(run_dir: str | os.PathLike) -> list[dict]:
 class QuantStatsWriter:
     def __init__(self, run_dir: str | os.PathLike, start_step: int, tensorboard: bool = True):
         self.path = pathlib.Path(run_dir) / FILE
-        if self.path.exists():  # drop what an interrupted session wrote after its checkpoint
-            kept = [r for r in read_quant_stats(run_dir) if r.get("step", 0) <= start_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        self._file = open(self.path, "a")
+        self._file = JsonlAppender(self.path, start_step)  # drops an interrupted session's rows
         self._tb = None
         if tensorboard:
             try:
@@ -48,8 +44,7 @@ class QuantStatsWriter:
 
     def write(self, step: int, layout: Layout, stats: dict) -> None:
         rec = record(step, layout, stats)
-        self._file.write(json.dumps(rec) + "\n")
-        self._file.flush()
+        self._file.write(rec)
         if self._tb is not None:
             self._tensorboard(step, rec)
 

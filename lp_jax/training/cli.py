@@ -1,6 +1,8 @@
 """The command line behind train.py: bad input (the config, or the data, folders and
 checkpoints it names) exits 2 with one line, never a traceback; a run that has to stop
-(non-finite steps, a checkpoint that cannot be written) exits 1 with one line."""
+(non-finite steps, a checkpoint or metrics file that cannot be written, the run folder
+gone) exits 1 with one line; a second SIGINT/SIGTERM interrupts at once and exits 130 with
+one line."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,7 @@ import sys
 from typing import Sequence
 
 from lp_jax.config.yaml_io import dump_yaml, load_config
-from lp_jax.errors import UserError
+from lp_jax.errors import RunStoppedError, UserError
 
 EXIT_CONFIG_ERROR = 2  # bad input: the config, or the files and folders it names
 EXIT_STOPPED = 1  # the run stopped before its end: non-finite steps, a checkpoint not written
@@ -54,15 +56,21 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"fsdp={plan.fsdp} tensor={plan.tensor}, recipes "
               f"{', '.join(f'{p.name} {p.recipe.policy} from step {p.from_step}' for p in plan.phases)}")
         return 0
-    from lp_jax.runs.checkpoint import CheckpointWriteError
-    from lp_jax.training.loop import NonFiniteLossError, run
+    from lp_jax.training.loop import run
+    from lp_jax.training.stop_signal import EXIT_INTERRUPTED, Interrupted
 
     try:
         result = run(plan)
     except UserError as e:  # found once the run opens its data and checkpoints
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
-    except (NonFiniteLossError, CheckpointWriteError) as e:
+    except Interrupted as e:
+        e.say()
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before the run installed its handlers
+        print("train.py: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RunStoppedError as e:
         print(f"train.py: stopped: {e}", file=sys.stderr)
         return EXIT_STOPPED
     val = f", val_loss {result.val_loss:.4f}" if result.val_loss is not None else ""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import signal
-import threading
 import time
 from typing import Any
 
@@ -24,22 +22,25 @@ from jax.experimental import multihost_utils
 import lp_jax
 from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
-from lp_jax.errors import UserError
+from lp_jax.errors import RunStoppedError, UserError
 from lp_jax.parallel.distributed import is_primary
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.runs import init_weights
 from lp_jax.runs.checkpoint import DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError, abstract_like
+from lp_jax.runs.run_lock import RunFolderLostError, RunLock
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.quant_stats import QuantStatsProbe
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
+from lp_jax.training.state_memory import check_state_fits
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
+from lp_jax.training.stop_signal import StopSignal
 from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
 from models import llama
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunStoppedError):
     """A step's loss or gradient norm was not finite and optimizer.on_nonfinite=stop, or
     optimizer.max_nonfinite_in_a_row such steps came in a row."""
 
@@ -52,40 +53,6 @@ class RunResult:
     nonfinite_steps: int
     stopped_early: bool  # stop_at or a signal ended the run before `steps`
     run_dir: str
-
-
-class _StopSignal:
-    """SIGTERM/SIGINT set a flag that the loop reads after each step (a second SIGINT
-    interrupts at once, as usual)."""
-
-    def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def agree(self) -> None:
-        """With several processes, every one stops if any received a signal (one collective
-        per step), so they all save the same step and none waits for the others forever."""
-        if jax.process_count() == 1:
-            return
-
-        flags = multihost_utils.process_allgather(np.int32(self.received is not None))
-        if self.received is None and np.any(flags):
-            self.received = "signal to another process"
-
-    def _handle(self, signum, frame):
-        if self.received and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class _Console:
@@ -128,19 +95,24 @@ class _Run:
     progress: metrics_lib.Progress
     device: jax.Device  # this process's first device (memory stats, platform, peak table)
     saved_step: int
+    lock: RunLock | None  # process 0's lock on the run folder
     nonfinite_in_a_row: int = 0
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
 
     def close(self, failing: bool) -> None:
-        self.progress.close()
-        self.writer.close()
-        if self.quant_stats is not None:
-            self.quant_stats.close()
         try:
-            self.ckpt.close()  # waits for an asynchronous save in flight
-        except CheckpointWriteError:
-            if not failing:  # the error that is already on its way says more
-                raise
+            self.progress.close()
+            self.writer.close()
+            if self.quant_stats is not None:
+                self.quant_stats.close()
+            try:
+                self.ckpt.close()  # waits for an asynchronous save in flight
+            except CheckpointWriteError:
+                if not failing:  # the error that is already on its way says more
+                    raise
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
 
 def build(plan: Plan) -> _Run:
@@ -164,10 +136,6 @@ def build(plan: Plan) -> _Run:
         val_data = data_lib.validation_batches(splits.val, global_batch,
                                                cfg.logging.val_batches, rows=rows)
 
-    run_dir = pathlib.Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
-
     def build_model():
         return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
 
@@ -176,39 +144,72 @@ def build(plan: Plan) -> _Run:
     abstract_model = nnx.eval_shape(build_model)
     target = abstract_state(split_model(abstract_model), tx, cfg.seed)
     shardings = spec.state_shardings(target)
-    try:
-        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
-                        if cfg.checkpoint.resume else (0, None))
-    except BaseException:
-        ckpt.close()
-        raise
-    if primary:
-        # Once the resume is settled: a run refused for another model leaves the config.yaml
-        # that describes the checkpoints beside it (eval.py builds the model from it).
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
-    if state is None:
-        state = init_state(build_model, tx, cfg.seed, shardings)
-        state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
-    state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
-    phase = plan.phase_at(start + 1)
-    graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype)
-    say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
-        f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
-        f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
-        f"{jax.process_count()} process(es)")
-    if start >= cfg.end_step:
-        say(f"nothing to train: the checkpoint is at step {start}, the run ends at {cfg.end_step}")
+    params = sum(leaf.size for leaf in jax.tree.leaves(target["params"]))
+    check_state_fits(target, shardings, params, f"model.preset={cfg.model.preset}")
 
-    writer = (metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard) if primary
-              else _NoMetrics())
-    progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar and primary)
-    say.attach(progress)
-    every = cfg.logging.quant_stats_every
-    quant_stats = (QuantStatsProbe(run_dir, start, every, cfg.logging.tensorboard, primary)
-                   if every else None)
-    return _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
-                phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
-                saved_step=start, quant_stats=quant_stats)
+    run_dir = pathlib.Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(run_dir, primary, say)  # before the run folder gets anything else
+    try:
+        ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
+        try:
+            start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
+                            if cfg.checkpoint.resume else (0, None))
+        except BaseException:
+            ckpt.close()
+            raise
+        if primary:
+            # Once the resume is settled: a run refused for another model leaves the config.yaml
+            # that describes the checkpoints beside it (eval.py builds the model from it).
+            (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        if state is None:
+            state = init_state(build_model, tx, cfg.seed, shardings)
+            state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
+        state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
+        phase = plan.phase_at(start + 1)
+        graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype)
+        say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
+            f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
+            f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
+            f"{jax.process_count()} process(es)")
+        if start >= cfg.end_step:
+            say(f"nothing to train: the checkpoint is at step {start}, the run ends at {cfg.end_step}")
+
+        writer = (metrics_lib.MetricsWriter(run_dir, start, cfg.logging.tensorboard) if primary
+                  else _NoMetrics())
+        progress = metrics_lib.Progress(cfg.steps, start, cfg.logging.progress_bar and primary)
+        say.attach(progress)
+        every = cfg.logging.quant_stats_every
+        quant_stats = (QuantStatsProbe(run_dir, start, every, cfg.logging.tensorboard, primary)
+                       if every else None)
+        return _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
+                    phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
+                    saved_step=start, lock=lock, quant_stats=quant_stats)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
+    """Process 0's lock on the run folder; with several processes, all of them refuse
+    together when it is held by another job (so none waits at a collective)."""
+    lock, refusal = None, None
+    if primary:
+        try:
+            lock = RunLock(run_dir, say)
+        except UserError as e:
+            refusal = e
+    if jax.process_count() > 1:
+        held = multihost_utils.process_allgather(np.int32(refusal is not None))
+        if refusal is None and np.any(held):
+            refusal = UserError(f"run_dir {str(run_dir)!r} is in use by another job "
+                                "(process 0 says by which)")
+    if refusal is not None:
+        if lock is not None:
+            lock.release()
+        raise refusal
+    return lock
 
 
 def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
@@ -217,15 +218,24 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
     UserError (one line naming it), never a fresh start over the user's checkpoints."""
     cfg = plan.config
 
-    def same_model(step, meta):
+    def same_model_and_stream(step, meta):
         changes = model_shape_changes(meta.get("config", {}), plan)
         if changes:
             raise UserError(
                 f"checkpoint {step} in {ckpt.directory!r} is of another model: "
                 f"{', '.join(changes)}; model keys cannot change on resume (precision, mesh "
                 "and schedule can): use another run_dir for this model")
+        saved_len = (meta.get("config", {}).get("data") or {}).get("seq_len", cfg.data.seq_len)
+        if saved_len != cfg.data.seq_len:
+            # Another length cuts the text into other sequences, shuffled in another order:
+            # no position in the new stream is where the run left off.
+            raise UserError(
+                f"checkpoint {step} in {ckpt.directory!r} was trained at data.seq_len={saved_len}, "
+                f"now {cfg.data.seq_len}: the data stream cannot resume at another sequence "
+                "length (data.global_batch_size can change); use another run_dir, or "
+                "init.checkpoint to start a new run from these weights")
 
-    found = ckpt.restore_newest(target, train_it, check=same_model)
+    found = ckpt.restore_newest(target, train_it, check=same_model_and_stream)
     for step, why in found.skipped:
         say(f"warning: checkpoint {step} in {ckpt.directory} cannot be restored ({why})"
             + (f"; set aside as {step}{DAMAGED_SUFFIX}" if found.step is not None else ""))
@@ -236,11 +246,29 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
                             "move the folder aside to start afresh")
         return 0, None
     say(f"resumed from step {found.step} ({ckpt.directory})")
+    _check_batch_change(found, cfg, train_it, say)
     changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
     if changed:
         say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
             "the run will not match an uninterrupted one")
     return found.step, found.state
+
+
+def _check_batch_change(found, cfg, train_it, say) -> None:
+    """A changed data.global_batch_size resumes at the next sequence of the stream (the
+    data position is counted in sequences), said in one line; a checkpoint whose position
+    is a batch index (written before positions were sequences) cannot say where that is."""
+    saved = (found.meta.get("config", {}).get("data") or {}).get("global_batch_size")
+    now = cfg.data.global_batch_size
+    if saved is None or saved == now:
+        return
+    if train_it.legacy_state:
+        raise UserError(
+            f"checkpoint {found.step} counts its data position in batches of {saved}; "
+            f"resume it with data.global_batch_size={saved}, then change the batch size at a "
+            "later checkpoint")
+    say(f"data.global_batch_size {saved} -> {now}: the data stream goes on at sequence "
+        f"{train_it.sequences_read} (nothing skipped or read twice)")
 
 
 def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
@@ -261,37 +289,48 @@ def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
 
 
 def run(plan: Plan) -> RunResult:
-    r = build(plan)
-    cfg = plan.config
+    """Builds the run and trains it to its end; a first SIGINT/SIGTERM stops it after the
+    step in flight (saved), a second interrupts it at once (``Interrupted``)."""
+    with StopSignal() as stop:
+        r = build(plan)
+        stop.saved_step = r.start
+        failing = True
+        try:
+            result = _train(r, stop)
+            failing = False
+        finally:
+            r.close(failing)
+    return result
+
+
+def _train(r: _Run, stop: StopSignal) -> RunResult:
+    cfg = r.plan.config
     end = cfg.end_step
     result = RunResult(r.start, None, None, int(r.state["nonfinite_steps"]), False,
                        str(pathlib.Path(cfg.run_dir)))
-    failing = True
-    try:
-        with _StopSignal() as stop:
-            for step in range(r.start + 1, end + 1):
-                values = _train_one_step(r, step)
-                if r.val_data is not None and _validation_due(cfg, step):
-                    values["val_loss"], stderr = _validate(r)
-                    result.val_loss = values["val_loss"]
-                    if stderr is not None:
-                        values["val_loss_stderr"] = stderr
-                _record(r, step, values)
-                result.step, result.loss = step, values["loss"]
-                result.nonfinite_steps = values["nonfinite_steps"]
-                stop.agree()  # a signal to any process stops all of them after the same step
-                if stop.received or step == end or step % cfg.checkpoint.every == 0:
-                    _save(r, step)
-                if stop.received:
-                    r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
-                          "re-run the same command to resume")
-                    break
-        result.stopped_early = result.step < cfg.steps
-        if result.stopped_early and not stop.received and r.start < end:
-            r.say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
-        failing = False
-    finally:
-        r.close(failing)
+    for step in range(r.start + 1, end + 1):
+        values = _train_one_step(r, step)
+        if r.val_data is not None and _validation_due(cfg, step):
+            values["val_loss"], stderr = _validate(r)
+            result.val_loss = values["val_loss"]
+            if stderr is not None:
+                values["val_loss_stderr"] = stderr
+        _record(r, step, values)
+        result.step, result.loss = step, values["loss"]
+        result.nonfinite_steps = values["nonfinite_steps"]
+        # A signal to any process stops all of them after the same step.
+        if stop.agree(folder_lost=r.lock is not None and r.lock.lost()):
+            raise RunFolderLostError(cfg.run_dir)
+        if stop.received or step == end or step % cfg.checkpoint.every == 0:
+            _save(r, step)
+            stop.saved_step = step
+        if stop.received:
+            r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
+                  "re-run the same command to resume (a second signal interrupts at once)")
+            break
+    result.stopped_early = result.step < cfg.steps
+    if result.stopped_early and not stop.received and r.start < end:
+        r.say(f"stop_at={cfg.stop_at}: stopped after step {result.step}; checkpoint saved")
     return result
 
 

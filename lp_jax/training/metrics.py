@@ -7,7 +7,6 @@ the recipe's GEMM format (``PEAK_TFLOPS``). docs/training.md, "Metrics", defines
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import pathlib
@@ -17,7 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lp_jax.recipes import RECIPES
-from lp_jax.runs.jsonl import read_jsonl, read_jsonl_counted
+from lp_jax.runs.jsonl import JsonlAppender, read_jsonl
 from models.config import flops_per_token, matmul_params  # noqa: F401  (re-exported)
 
 # Dense (no sparsity) peak tensor-core TFLOP/s per GPU. Sources: NVIDIA H100 Tensor Core GPU
@@ -75,8 +74,9 @@ class MetricsWriter:
     def __init__(self, run_dir: str | os.PathLike, start_step: int, tensorboard: bool = True):
         self.path = pathlib.Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._truncate_after(start_step)
-        self._file = open(self.path, "a")
+        self._file = JsonlAppender(self.path, start_step, on_damaged=lambda n: print(
+            f"metrics: {self.path}: skipped {n} damaged line(s); the other rows are kept",
+            file=sys.stderr))
         self._tb = None
         if tensorboard:
             try:
@@ -87,20 +87,9 @@ class MetricsWriter:
             else:
                 self._tb = SummaryWriter(str(pathlib.Path(run_dir) / "tensorboard"))
 
-    def _truncate_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        rows, damaged = read_jsonl_counted(self.path)
-        if damaged:
-            print(f"metrics: {self.path}: skipped {damaged} damaged line(s); the other rows are kept",
-                  file=sys.stderr)
-        kept = [row for row in rows if row.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
-
     def write(self, step: int, values: dict[str, Any]) -> None:
         record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._file.write(record)
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):

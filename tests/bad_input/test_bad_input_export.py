@@ -267,3 +267,14 @@ def test_odd_json_in_a_state_checkpoint_is_one_line(damage, state_checkpoint, tm
     line = only_line(capsys.readouterr().err, "error: ")
     assert line.startswith(f"error: {ckpt / name} {message}")
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_an_import_to_a_full_disk_is_one_line(tmp_path):
+    """`python -m models.hf import` onto a disk too small for the state checkpoint: the
+    error line alone (Orbax's save threads would log it with tracebacks, several times)."""
+    source = ROOT / "tests" / "fixtures" / "hf" / "llama3_untied_f32"
+    disk = tmp_path / "disk"
+    proc = _in_tmpfs(disk, f"{sys.executable} -m models.hf import {source} {disk}/ckpt", kib=32)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr == (f"error: ckpt_dir: cannot write '{disk}/ckpt': No space left on device "
+                           "(errno 28); it was not created\n"), proc.stderr[-3000:]

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from lp_jax.runs.orbax_quiet import abandoned_reads_hushed
+from models.orbax_quiet import abandoned_reads_hushed
 
 
 async def _fails():

@@ -1,0 +1,119 @@
+"""SIGINT and SIGTERM during a run: the first stops it after the step in flight (which is
+then saved), the second interrupts it at once.
+
+The first sets a flag the loop reads after each step. The second raises ``Interrupted`` in
+the main thread, which the command line reports in one line. Python runs a signal's
+handler only between bytecodes of the main thread, so one that arrives while the main
+thread waits inside a long native call (a step on the device, Orbax finishing a save)
+would wait with it. The signal's number is therefore also written to a pipe at the moment
+it arrives (``signal.set_wakeup_fd``), and a watcher thread reading it ends the process
+itself, with the same one line, when the main thread has not ended the run within
+``GRACE_S`` of the second signal. Signals after the second, and any once the run has
+closed after a stop, are ignored: the process is on its way out, and they would only add
+tracebacks.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+GRACE_S = 5.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: the run stops at once, without saving. ``say()`` prints
+    its one line, unless the watcher already has."""
+
+    def __init__(self, message: str, say):
+        super().__init__(message)
+        self.say = lambda: say(message)
+
+
+class StopSignal:
+    """Installed while a run is built, trains and closes (main thread only)."""
+
+    def __init__(self):
+        self.received: str | None = None  # the first signal's name
+        self.interrupted = False
+        self.saved_step: int | None = None  # the newest checkpoint, for the one line
+        self._previous = {}
+        self._done = threading.Event()
+        self._said = threading.Lock()
+        self._pipe = None
+        self._previous_fd = -1
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, name="lp_jax-stop-signal", daemon=True).start()
+        return self
+
+    def agree(self, folder_lost: bool = False) -> bool:
+        """With several processes, every one stops if any received a signal (one collective
+        per step), so they all save the same step and none waits for the others forever.
+        Returns whether any process found the run folder lost (only process 0 looks)."""
+        if jax.process_count() == 1:
+            return folder_lost
+
+        flags = multihost_utils.process_allgather(
+            np.array([self.received is not None, folder_lost], np.int32))
+        if self.received is None and np.any(flags[..., 0]):
+            self.received = "signal to another process"
+        return bool(np.any(flags[..., 1]))
+
+    def message(self, name: str) -> str:
+        saved = (f"the last checkpoint (step {self.saved_step}) is untouched; re-run the same "
+                 "command to resume" if self.saved_step else "no checkpoint was written")
+        return f"interrupted by a second {name}: stopped at once, without saving; {saved}"
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.interrupted:
+            return
+        if self.received is None:
+            self.received = name
+            return
+        self.interrupted = True
+        raise Interrupted(self.message(name), self.say_once)
+
+    def _watch(self) -> None:
+        read_fd, count = self._pipe[0], 0
+        try:
+            while not self._done.is_set():
+                data = os.read(read_fd, 64)
+                if not data:  # the write end is closed: the run is over
+                    return
+                count += sum(1 for b in data if b in SIGNALS)
+                if count >= 2 and not self._done.wait(GRACE_S):
+                    self.say_once(self.message(signal.Signals(data[-1]).name))
+                    os._exit(EXIT_INTERRUPTED)
+        finally:
+            os.close(read_fd)
+
+    def say_once(self, message: str) -> None:
+        if self._said.acquire(blocking=False):
+            print(f"train.py: {message}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        self._done.set()
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._pipe[1])  # wakes the watcher, which closes the read end
+        for sig, handler in self._previous.items():
+            # Once a run was told to stop, its process is on its way out: a signal more
+            # would only interrupt the exit with a traceback.
+            signal.signal(sig, signal.SIG_IGN if self.received else handler)
