@@ -193,7 +193,10 @@ class Checkpointer:
         unretrieved_write_failures_dropped()
         for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
             shutil.rmtree(partial, ignore_errors=True)
-        saved = [s for s in self.all_steps() if s != step]
+        try:
+            saved = [s for s in self.all_steps() if s != step]
+        except Exception:  # the folder itself may be what failed: claim nothing then
+            saved = []
         kept = f"; the checkpoints saved before it (steps up to {max(saved)}) are untouched" if saved else ""
         reason = os_reason(e) or one_line(e, 200, typed=True)
         return CheckpointWriteError(f"saving step {step} in {self.directory} failed: {reason}{kept}")

@@ -33,7 +33,7 @@ from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.quant_stats import QuantStatsProbe
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
-from lp_jax.training.state_memory import check_state_fits
+from lp_jax.training.state_memory import check_state_fits, out_of_memory
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.stop_signal import StopSignal
 from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
@@ -350,8 +350,14 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if r.quant_stats is not None and r.quant_stats.due(step):  # a separate probe, not timed
         r.quant_stats.measure(step, r.graphdef, r.phase.recipe, r.mesh, r.state, batch)
     t0 = time.perf_counter()
-    r.state, m = r.step_fn(r.graphdef, r.spec, r.state, batch)
-    m = jax.device_get(m)
+    try:
+        r.state, m = r.step_fn(r.graphdef, r.spec, r.state, batch)
+        m = jax.device_get(m)
+    except jax.errors.JaxRuntimeError as e:
+        oom = out_of_memory(e, f"step {step}")
+        if oom is None:
+            raise
+        raise oom from None
     seconds = time.perf_counter() - t0
     _guard_nonfinite(r, step, m)
     tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len

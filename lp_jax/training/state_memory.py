@@ -8,17 +8,20 @@ A run whose floor exceeds the memory is refused in one line, where otherwise it 
 allocate for half a minute and end in an out-of-memory traceback.
 
 Memory is a device's own (``bytes_limit``) on accelerators; CPU devices share the host's
-RAM, so there the floors of all local devices add up against it.
+RAM, so there the floors of all local devices add up against it. A step that passes
+this check and still does not fit (XLA's out-of-memory error, at its compile or its run)
+is one line too (``out_of_memory``).
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import jax
 import numpy as np
 
-from lp_jax.errors import UserError
+from lp_jax.errors import RunStoppedError, UserError
 
 
 def _shard_bytes(leaf: jax.ShapeDtypeStruct, sharding) -> int:
@@ -71,3 +74,27 @@ def check_state_fits(target: dict, shardings: dict, params: int, what: str,
         f"({params / 1e9:.2f}B parameters: FP32 weights, gradients and AdamW moments"
         f"{f', over {len(devices)} devices' if len(devices) > 1 else ''}), more than {where}; "
         "use a smaller model, or more devices (python -m lp_jax.plan sizes a GPU run)")
+
+
+class DeviceMemoryError(RunStoppedError):
+    """The step itself (activations, temporaries) does not fit the device: XLA's
+    out-of-memory error, as one line."""
+
+
+# XLA's figure in its out-of-memory messages: "... allocate 123.45GiB ..." or "12345 bytes".
+_NEEDED = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|bytes)\b")
+
+
+def out_of_memory(e: Exception, what: str) -> DeviceMemoryError | None:
+    """The one-line error for XLA's RESOURCE_EXHAUSTED (at compile or run time), or None
+    when ``e`` is another error."""
+    text = " ".join(str(e).split())
+    if not isinstance(e, jax.errors.JaxRuntimeError) or not (
+            "RESOURCE_EXHAUSTED" in text or "Out of memory" in text):
+        return None
+    m = _NEEDED.search(text)
+    figure = f" (XLA: {m.group(1)} {m.group(2)})" if m else ""
+    return DeviceMemoryError(
+        f"{what}: the step does not fit the device's memory{figure}; lower "
+        "data.micro_batch_size, set model.remat=elementwise or full, or shard further "
+        "(python -m lp_jax.plan finds a setting that fits)")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -283,6 +284,30 @@ def test_a_model_too_big_for_the_machine_is_refused_before_the_run_folder(tmp_pa
                            "alone needs "), line
     assert "B parameters: FP32 weights, gradients and AdamW moments), more than this machine's" in line
     assert not run_dir.exists()
+
+
+def test_a_step_out_of_device_memory_is_one_line(tmp_path, token_cache, capsys, monkeypatch):
+    """XLA's RESOURCE_EXHAUSTED (here raised by a stand-in step, as a GPU raises it at the
+    step's compile or run) ends the run in one line with XLA's figure; other XLA errors
+    keep their traceback."""
+    def step_that_does_not_fit(*args):
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 203.61GiB.")
+
+    monkeypatch.setattr(loop, "jitted_train_step", lambda spec, state: step_that_does_not_fit)
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache))
+    assert rc == 1
+    assert error_line(err, "train.py: stopped: ") == (
+        "train.py: stopped: step 1: the step does not fit the device's memory (XLA: 203.61 "
+        "GiB); lower data.micro_batch_size, set model.remat=elementwise or full, or shard "
+        "further (python -m lp_jax.plan finds a setting that fits)")
+
+    def step_that_fails_otherwise(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(loop, "jitted_train_step", lambda spec, state: step_that_fails_otherwise)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        train(capsys, tiny(tmp_path / "other", token_cache))
 
 
 def test_a_data_cache_that_is_a_file_is_refused(tmp_path, capsys):
