@@ -33,6 +33,8 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     (32-element blocks, E8M0 scales; scale_rule "rceil" as TE, or OCP "floor"), "nvfp4"
     (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
     scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
+    "fp8_block" (Transformer Engine's FP8 block scaling: 1x128 blocks along axis or, with
+    block_2d, 128x128 tiles; E4M3 codes, float32 power-of-two scales, XLA only).
     impl: "xla", "pallas" (the same bits; interpreted on CPU) or "auto".
     tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
     shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
@@ -41,6 +43,8 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
         return quantize_xla(x, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
                             scale_rule=scale_rule, tensor_amax=tensor_amax)
     check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+    if fmt == "fp8_block":
+        raise ValueError("fmt='fp8_block' has no Pallas quantization kernel; use impl='xla'")
     if tensor_amax is not None:  # the kernels take their amax over what they are given
         raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
     x = jnp.asarray(x)

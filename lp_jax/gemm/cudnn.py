@@ -30,8 +30,9 @@ from lp_jax.quantizer import quantize
 
 ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
 SCALE_COLUMN_TILE = 4  # scale columns (blocks along K) per tile
-# Block formats by element type (E4M3 -> MXFP8's 32, E2M1 -> NVFP4's 16).
-_BLOCK_OF = {jnp.dtype(s.element): s.block for s in F.FORMAT_SPECS.values() if s.block}
+# Block formats by element type (E4M3 -> MXFP8's 32, E2M1 -> NVFP4's 16): the formats
+# cuDNN's block-scaled GEMM takes (E8M0 or E4M3 scales).
+_BLOCK_OF = {jnp.dtype(F.FORMAT_SPECS[f].element): F.FORMAT_SPECS[f].block for f in ("mxfp8", "nvfp4")}
 
 
 def _round_up(n, multiple):

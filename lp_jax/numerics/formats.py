@@ -48,12 +48,16 @@ class FormatSpec:
 
 # The one table of format facts: quantize, the GEMM operands and the mesh checks read it.
 # MXFP8 is 1x32 with E8M0 scales (OCP MX); NVFP4 is 1x16 (or 16x16 tiles for weights) with
-# E4M3 block scales under an FP32 tensor scale, which keeps the E4M3 scales in range.
+# E4M3 block scales under an FP32 tensor scale, which keeps the E4M3 scales in range;
+# FP8 block scaling is 1x128 (or 128x128) E4M3 with FP32 power-of-two scales.
 FORMAT_SPECS = {
     "fp8_e4m3": FormatSpec(E4M3, None, None, True),
     "fp8_e5m2": FormatSpec(E5M2, None, None, True),
     "mxfp8": FormatSpec(E4M3, 32, E8M0, False),
     "nvfp4": FormatSpec(E2M1, 16, E4M3, True),
+    # Transformer Engine's Float8BlockScaling: 1x128 blocks (or 128x128 tiles for weights),
+    # float32 power-of-two scales, no tensor scale.
+    "fp8_block": FormatSpec(E4M3, 128, np.float32, False),
 }
 PER_TENSOR_FORMATS = tuple(name for name, spec in FORMAT_SPECS.items() if spec.per_tensor)
 BLOCK_SIZES = {name: spec.block for name, spec in FORMAT_SPECS.items() if spec.block}

@@ -26,6 +26,8 @@ ROUNDINGS = ("nearest", "stochastic")
 SCALE_RULES = ("rceil", "floor")
 MX_BLOCK = F.BLOCK_SIZES["mxfp8"]
 NVFP4_BLOCK = F.BLOCK_SIZES["nvfp4"]
+FP8_BLOCK = F.BLOCK_SIZES["fp8_block"]
+BLOCK_2D_FORMATS = ("nvfp4", "fp8_block")
 NVFP4_TENSOR_SCALE_NUM = F.E2M1_MAX * F.E4M3_MAX  # 2688: amax_t maps to 6 x 448
 # NumPy, not jnp: a jnp computation at import time would start the XLA backend, and
 # jax.distributed.initialize (multi-host runs) must come before that.
@@ -202,6 +204,59 @@ def nvfp4_tiles(xt, s_enc, rounding="nearest", key=None):
     return nvfp4_encode(xt, enc[..., :, None, :, None], rounding, key), s_b
 
 
+def fp8_block_scales(amax):
+    """FP8 block scaling, per block: (scale, scale_inv), float32 powers of two.
+
+    scale = 448 / amax, FLT_MAX where that overflows, 1 where amax is 0, inf or NaN, then
+    rounded down to a power of two by its exponent bits. The tests read amax's bits, not
+    its value: a subnormal amax compares equal to 0 on CPU (denormals are zero there), and
+    its quotient overflows either way. scale_inv is built from bits too: 2^-127, the
+    reciprocal of the largest scale, is subnormal."""
+    amax = amax.astype(jnp.float32)
+    bits = F.f32_bits(amax)
+    scale = jnp.float32(F.E4M3_MAX) / amax
+    scale = jnp.where(jnp.isinf(scale), jnp.float32(F.FLT_MAX), scale)
+    scale = jnp.where((bits == 0) | (bits >= 0x7F800000), jnp.float32(1), scale)
+    e = (F.f32_bits(scale) >> 23) & 0xFF  # scale >= 448 / FLT_MAX: always normal
+    inv_bits = jnp.where(e == 254, jnp.uint32(0x00400000), (254 - e) << 23)
+    return (lax.bitcast_convert_type(e << 23, jnp.float32),
+            lax.bitcast_convert_type(inv_bits.astype(jnp.uint32), jnp.float32))
+
+
+def fp8_block_encode(x, scale):
+    """E4M3 codes of x * scale (scale a power of two, broadcast to x): nearest even,
+    saturating to +-448, NaN to the positive NaN code 0x7F. The product is exact; a
+    subnormal x is scaled from its integer mantissa, since CPU flushes it as an operand."""
+    x = x.astype(jnp.float32)
+    bits = F.f32_bits(x)
+    k = ((F.f32_bits(scale) >> 23) & 0xFF).astype(jnp.int32) - 127
+    # x = m * 2^-149 for a subnormal; k - 149 >= -252 keeps mul_exp2's factors normal (below
+    # that the product is far under E4M3's smallest subnormal, 2^-9, and rounds to zero).
+    tiny = F.mul_exp2((bits & 0x7FFFFF).astype(jnp.float32), jnp.maximum(k - 149, -252))
+    y = jnp.where(((bits >> 23) & 0xFF) == 0, jnp.copysign(tiny, x), x * scale)
+    y = jnp.where(jnp.isnan(x), jnp.float32(jnp.nan), y)
+    return F.cast_satfinite(y, F.E4M3)
+
+
+def _without_nan(x):
+    """FP8 block scaling's amax ignores NaN elements (they still encode as NaN)."""
+    return jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+
+
+def quantize_fp8_block(xf, axis, block_2d=False) -> QuantizedTensor:
+    """1x128 blocks along ``axis``, or 128x128 tiles over the last two axes."""
+    if block_2d:
+        r, c = xf.shape[-2:]
+        xt = to_tiles(xf, FP8_BLOCK)
+        scale, inv = fp8_block_scales(abs_max(_without_nan(xt), axis=(-3, -1)))
+        data = fp8_block_encode(xt, scale[..., :, None, :, None])
+        return QuantizedTensor(from_tiles(data, r, c), inv, None, "fp8_block", xf.ndim - 1, True)
+    scale, inv = fp8_block_scales(block_amax(_without_nan(xf), axis, FP8_BLOCK))
+    xb = to_blocks(xf, axis, FP8_BLOCK)
+    data = from_blocks(fp8_block_encode(xb, along_blocks(scale, xb.shape)), axis, xf.shape[axis])
+    return QuantizedTensor(data, jnp.moveaxis(inv, -1, axis), None, "fp8_block", axis)
+
+
 # --------------------------------------------------------------------------- layout
 
 
@@ -250,7 +305,7 @@ def from_blocks(xb, axis, n):
 
 
 def to_tiles(x, tile=NVFP4_BLOCK):
-    """[..., R, C] -> zero-padded [..., R/16, 16, C/16, 16]."""
+    """[..., R, C] -> zero-padded [..., R/t, t, C/t, t] (t = 16 by default)."""
     r, c = x.shape[-2:]
     pr, pc = -r % tile, -c % tile
     if pr or pc:
@@ -274,14 +329,16 @@ def check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(f"x must be a floating-point array (bfloat16 or float32), got dtype {dtype}")
     ndim = jnp.ndim(x)
-    if ndim == 0 and fmt in ("mxfp8", "nvfp4"):
+    if ndim == 0 and F.FORMAT_SPECS[fmt].block:
         raise ValueError(f"x must have at least one axis for block format {fmt!r}")
     if ndim and not -ndim <= axis < ndim:
         raise ValueError(f"axis={axis} is out of range for an array of rank {ndim}")
-    if block_2d and fmt != "nvfp4":
-        raise ValueError(f"block_2d=True is only defined for fmt='nvfp4', got fmt={fmt!r}")
+    if block_2d and fmt not in BLOCK_2D_FORMATS:
+        raise ValueError(f"block_2d=True is only defined for fmt in {BLOCK_2D_FORMATS}, got fmt={fmt!r}")
     if block_2d and ndim < 2:
-        raise ValueError(f"block_2d=True needs at least 2 axes (16x16 tiles over the last two), got rank {ndim}")
+        b = F.BLOCK_SIZES[fmt]
+        raise ValueError(f"block_2d=True needs at least 2 axes ({b}x{b} tiles over the last two), "
+                         f"got rank {ndim}")
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding={rounding!r} is not valid; expected one of {ROUNDINGS}")
     if rounding == "stochastic" and fmt != "nvfp4":
@@ -308,6 +365,8 @@ def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=Non
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
+    if fmt == "fp8_block":
+        return quantize_fp8_block(xf, axis, block_2d)
     if fmt == "mxfp8":
         data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule, block_amax(xf, axis, MX_BLOCK))
         data = from_blocks(data_b, axis, x.shape[axis])
@@ -339,17 +398,21 @@ def block_values(q: QuantizedTensor):
     (exact; applied as two normal powers of two, since 2^-127 alone is subnormal),
     q * s_b for NVFP4 (exact in bf16)."""
     data = q.data.astype(jnp.float32)
+    if q.fmt == "fp8_block":  # code x scale_inv, which may be the subnormal 2^-127
+        return F.mul(data, _per_element(q))
     if q.fmt == "mxfp8":
         nan, f1, f2 = mxfp8_decode_factors(lax.bitcast_convert_type(q.scale, jnp.uint8))
         nan, f1, f2 = (_expand(a, q.axis, MX_BLOCK, data.shape[q.axis]) for a in (nan, f1, f2))
         return jnp.where(nan, jnp.float32(jnp.nan), data * f1 * f2)
-    scale = q.scale.astype(jnp.float32)
+    return data * _per_element(q)
+
+
+def _per_element(q: QuantizedTensor):
+    """q's block scales (as float32) repeated to the shape of its data."""
+    scale, block, shape = q.scale.astype(jnp.float32), F.BLOCK_SIZES[q.fmt], q.data.shape
     if q.block_2d:
-        r, c = data.shape[-2:]
-        scale = _expand(_expand(scale, scale.ndim - 2, NVFP4_BLOCK, r), scale.ndim - 1, NVFP4_BLOCK, c)
-    else:
-        scale = _expand(scale, q.axis, NVFP4_BLOCK, data.shape[q.axis])
-    return data * scale
+        return _expand(_expand(scale, scale.ndim - 2, block, shape[-2]), scale.ndim - 1, block, shape[-1])
+    return _expand(scale, q.axis, block, shape[q.axis])
 
 
 def dequantize(q: QuantizedTensor):
@@ -358,4 +421,4 @@ def dequantize(q: QuantizedTensor):
         return F.mul(q.data.astype(jnp.float32), q.scale)
     values = block_values(q)
     # NVFP4: q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
-    return values if q.fmt == "mxfp8" else F.mul(values, q.global_scale)
+    return values if q.global_scale is None else F.mul(values, q.global_scale)

@@ -57,16 +57,16 @@ def _per_element(per_block: np.ndarray, shape, axis: int, block: int) -> np.ndar
     return np.moveaxis(full, -1, axis)
 
 
-def _tiles(x: np.ndarray) -> np.ndarray:
-    """16x16 tiles over the last two axes: (..., R/16, 16, C/16, 16), zero padded."""
-    pads = [(0, 0)] * (x.ndim - 2) + [(0, -x.shape[-2] % NV_BLOCK), (0, -x.shape[-1] % NV_BLOCK)]
+def _tiles(x: np.ndarray, tile: int = NV_BLOCK) -> np.ndarray:
+    """tile x tile tiles over the last two axes: (..., R/t, t, C/t, t), zero padded."""
+    pads = [(0, 0)] * (x.ndim - 2) + [(0, -x.shape[-2] % tile), (0, -x.shape[-1] % tile)]
     xp = np.pad(x, pads)
-    r, c = xp.shape[-2] // NV_BLOCK, xp.shape[-1] // NV_BLOCK
-    return xp.reshape(xp.shape[:-2] + (r, NV_BLOCK, c, NV_BLOCK))
+    r, c = xp.shape[-2] // tile, xp.shape[-1] // tile
+    return xp.reshape(xp.shape[:-2] + (r, tile, c, tile))
 
 
-def _tiles_per_element(per_tile: np.ndarray, shape) -> np.ndarray:
-    full = np.repeat(np.repeat(per_tile, NV_BLOCK, axis=-2), NV_BLOCK, axis=-1)
+def _tiles_per_element(per_tile: np.ndarray, shape, tile: int = NV_BLOCK) -> np.ndarray:
+    full = np.repeat(np.repeat(per_tile, tile, axis=-2), tile, axis=-1)
     return full[..., : shape[-2], : shape[-1]]
 
 
@@ -200,6 +200,51 @@ def quantize_nvfp4(x, axis: int = -1, block_2d: bool = False) -> RefQuantized:
     return RefQuantized("nvfp4", data, data_known, s_b, s_b_value, s_dec, deq, scaled)
 
 
+# ---------------------------------------------------------------- FP8 block scaling
+FP8_BLOCK = 128
+
+
+def _nan_ignoring_amax(a: np.ndarray, axis) -> np.ndarray:
+    """[FP8 block scaling] block amax = max |x| from 0, NaN elements ignored."""
+    return np.max(np.where(np.isnan(a), F32(0), np.abs(a)), axis=axis).astype(np.float32)
+
+
+def fp8_block_scale(amax) -> np.ndarray:
+    """[FP8 block scaling] scale = 448 / amax (FP32, nearest); 1 for amax 0, inf or NaN; an
+    overflowing quotient takes the input dtype's largest finite value (FLT_MAX for float32,
+    0x1.FEp127 for bfloat16: both keep exponent 127 below, so one value serves); then only
+    the sign and exponent bits are kept (a power of two, rounded down)."""
+    amax = np.asarray(amax, np.float32)
+    with np.errstate(**_ERRSTATE):
+        scale = F32(448) / amax
+    scale = np.where(np.isinf(scale), F32(FLT_MAX), scale)
+    scale = np.where((amax == 0) | ~np.isfinite(amax), F32(1), scale).astype(np.float32)
+    return (scale.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
+
+
+def quantize_fp8_block(x, axis: int = -1, block_2d: bool = False) -> RefQuantized:
+    """[FP8 block scaling] 1x128 blocks along `axis`, or 128x128 tiles over the last two axes;
+    every element E4M3; per block scale_inv = 1 / scale (FP32); ragged edges zero-filled."""
+    t = _as_f32(x)
+    if block_2d:
+        scale_b = fp8_block_scale(_nan_ignoring_amax(_tiles(t, FP8_BLOCK), axis=(-3, -1)))
+        scale = _tiles_per_element(scale_b, t.shape, FP8_BLOCK)
+    else:
+        scale_b = fp8_block_scale(_nan_ignoring_amax(_blocks(t, axis, FP8_BLOCK), axis=-1))
+        scale = _per_element(scale_b, t.shape, axis, FP8_BLOCK)
+    with np.errstate(**_ERRSTATE):
+        # cast: x * scale (an exact FP32 product: scale is a power of two, and NumPy keeps
+        # subnormal inputs), nearest even, saturating to +-448; NaN -> 0x7F whatever its sign
+        data = cast_satfinite(t * scale, E4M3)
+        data = np.where(np.isnan(t), np.uint8(0x7F), data).astype(np.uint8)
+        inv_b = (F32(1) / scale_b).astype(np.float32)
+        inv = (F32(1) / scale).astype(np.float32)
+        deq = (decode(data, E4M3) * inv).astype(np.float32)  # code x scale_inv
+    if not block_2d:
+        inv_b = np.moveaxis(inv_b, -1, axis % t.ndim)
+    return RefQuantized("fp8_block", data, np.ones(t.shape, bool), inv_b, inv_b, None, deq)
+
+
 def quantize(x, fmt: str, axis: int = -1, *, block_2d: bool = False,
              scale_rule: str = "rceil") -> RefQuantized:
     if fmt == "fp8_e4m3":
@@ -210,6 +255,8 @@ def quantize(x, fmt: str, axis: int = -1, *, block_2d: bool = False,
         return quantize_mxfp8(x, axis, scale_rule)
     if fmt == "nvfp4":
         return quantize_nvfp4(x, axis, block_2d)
+    if fmt == "fp8_block":
+        return quantize_fp8_block(x, axis, block_2d)
     raise ValueError(f"unknown fmt {fmt!r}")
 
 

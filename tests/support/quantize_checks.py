@@ -27,11 +27,11 @@ from tests.support import numpy_reference as ref
 from tests.support.numpy_reference_casts import E2M1, E4M3, E5M2, decode
 
 FLT_MIN = np.finfo(np.float32).tiny
-ELEMENT = {"fp8_e4m3": E4M3, "fp8_e5m2": E5M2, "mxfp8": E4M3, "nvfp4": E2M1}
+ELEMENT = {"fp8_e4m3": E4M3, "fp8_e5m2": E5M2, "mxfp8": E4M3, "nvfp4": E2M1, "fp8_block": E4M3}
 DATA_DTYPE = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2, "mxfp8": jnp.float8_e4m3fn,
-              "nvfp4": jnp.float4_e2m1fn}
+              "nvfp4": jnp.float4_e2m1fn, "fp8_block": jnp.float8_e4m3fn}
 SCALE_DTYPE = {"fp8_e4m3": jnp.float32, "fp8_e5m2": jnp.float32, "mxfp8": jnp.float8_e8m0fnu,
-               "nvfp4": jnp.float8_e4m3fn}
+               "nvfp4": jnp.float8_e4m3fn, "fp8_block": jnp.float32}
 
 
 def codes(a) -> np.ndarray:
