@@ -34,9 +34,10 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 from models.hf_config import HFError
 
@@ -76,6 +77,25 @@ def parse_json_object(text: str, where: str, error: type[Exception] = HFError) -
 
 # ---- can it be written? ----
 
+def _nearest_existing(path: str) -> str:
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    return existing
+
+
+def folder_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be (or become) a folder: it, or the nearest part of it that
+    exists, is a file. None otherwise; nothing is written."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{path!r} is a file, not a folder"
+    parent = _nearest_existing(path)
+    if not os.path.isdir(parent):
+        return f"{parent!r} is a file, so {path!r} cannot be a folder"
+    return None
+
+
 def write_problem(path: str | os.PathLike) -> str | None:
     """Why files cannot be created in folder ``path``, or None when they can.
 
@@ -84,13 +104,10 @@ def write_problem(path: str | os.PathLike) -> str | None:
     does not exist yet is probed through its nearest existing parent (the writer makes it
     there), so nothing is created on disk by asking."""
     path = os.fspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{path!r} is a file, not a folder"
-    parent = os.path.abspath(path)
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"{parent!r} is a file, so {path!r} cannot be a folder"
+    problem = folder_problem(path)
+    if problem:
+        return problem
+    parent = _nearest_existing(path)
     try:
         fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=parent)
         os.close(fd)
@@ -157,6 +174,29 @@ def written_whole(target: str, role: str, *, marker: dict[str, Any] | None = Non
             raise
         kept = "it is left as it was" if existed else "it was not created"
         raise HFError(f"{role}: cannot write {target!r}: {reason}; {kept}") from None
+
+
+@contextlib.contextmanager
+def file_written_whole(path: str | os.PathLike) -> Iterator[TextIO]:
+    """Yields a text file to write that becomes `path` only when the block ends without an
+    exception: a temporary file beside it, flushed to disk, then renamed over it. A crash or
+    a full disk leaves whatever `path` held before whole and no temporary file behind. The
+    new file keeps the old one's mode (or a new file's, not mkstemp's 0600)."""
+    path = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else file_mode()
+    fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temp)
+        raise
 
 
 def _swap_in(partial: str, real: str, aside: str) -> None:

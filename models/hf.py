@@ -29,11 +29,7 @@ from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_
 from models.files import file_mode, read_json_object
 from models.hf_config import IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf, tensor_map
 from models.llama import Llama
-from models.orbax_quiet import (
-    SaveThreadErrorsHushed,
-    abandoned_reads_hushed,
-    unretrieved_write_failures_dropped,
-)
+from models.orbax_quiet import SaveThreadErrorsHushed, failed_writes_hushed
 
 __all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "check_tensors", "read_params",
            "save_state_checkpoint", "load_state_checkpoint"]
@@ -252,15 +248,8 @@ def save_state_checkpoint(model: Llama, ckpt_dir: str, *, hf_config: dict | None
     os.makedirs(ckpt_dir, exist_ok=True)
     # A failed write (a full disk) reaches the caller as one exception; Orbax's threads
     # would each log it with its traceback, and its abandoned writes report themselves.
-    hushed = SaveThreadErrorsHushed()
-    try:
-        with abandoned_reads_hushed(), ocp.StandardCheckpointer() as ckptr:
-            ckptr.save(os.path.join(ckpt_dir, "state"), nnx.state(model))
-    except Exception:
-        unretrieved_write_failures_dropped()
-        raise
-    finally:
-        hushed.close()
+    with SaveThreadErrorsHushed(), failed_writes_hushed(), ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(ckpt_dir, "state"), nnx.state(model))
     with open(os.path.join(ckpt_dir, "llama_config.json"), "w") as f:
         json.dump(config_to_dict(model.config), f, indent=2)
     if hf_config is not None:

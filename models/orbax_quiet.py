@@ -49,7 +49,7 @@ class SaveThreadErrorsHushed:
 
     @staticmethod
     def _keep(record: logging.LogRecord) -> bool:
-        return f"{os.sep}orbax{os.sep}" not in record.pathname or record.levelno < logging.ERROR
+        return not _from_orbax(record.pathname) or record.levelno < logging.ERROR
 
     def _hook(self, unraisable) -> None:
         if not _is_closed_loop(unraisable):
@@ -59,6 +59,16 @@ class SaveThreadErrorsHushed:
         self._logger.removeFilter(self._keep)
         if sys.unraisablehook is self._hook:
             sys.unraisablehook = self._previous_hook
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _from_orbax(filename: str) -> bool:
+    return f"{os.sep}orbax{os.sep}" in filename
 
 
 # asyncio names the class of the object collected: Future, Task or a subclass of either.
@@ -70,19 +80,26 @@ def _is_orbax_unretrieved(record: logging.LogRecord) -> bool:
         return False
     tb = record.exc_info[2]
     while tb is not None:
-        if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+        if _from_orbax(tb.tb_frame.f_code.co_filename):
             return True
         tb = tb.tb_next
     return False
 
 
-def unretrieved_write_failures_dropped() -> None:
-    """From now on in this process, asyncio's reports of Orbax writes that failed with
-    nobody awaiting them are dropped: once a save has failed (and said so), the writes it
-    abandoned report themselves when they are collected, at exit as often as not."""
-    logger = logging.getLogger("asyncio")
-    if not any(f is _drop_orbax_unretrieved for f in logger.filters):
-        logger.addFilter(_drop_orbax_unretrieved)
+@contextlib.contextmanager
+def failed_writes_hushed():
+    """``abandoned_reads_hushed`` around an Orbax write (a failed write abandons the others
+    alike); once one has failed (and the caller says so), asyncio's reports of the writes it
+    abandoned are dropped for the rest of the process: they come when the writes are
+    collected, at exit as often as not."""
+    try:
+        with abandoned_reads_hushed():
+            yield
+    except Exception:
+        logger = logging.getLogger("asyncio")
+        if not any(f is _drop_orbax_unretrieved for f in logger.filters):
+            logger.addFilter(_drop_orbax_unretrieved)
+        raise
 
 
 def _drop_orbax_unretrieved(record: logging.LogRecord) -> bool:

@@ -17,13 +17,13 @@ import json
 import os
 import sys
 import time
-from typing import Iterator, TextIO
 
 from lp_jax.errors import UserError
 from lp_jax.evaluation.data_package import package_dir
 from lp_jax.evaluation.documents import Doc
 from lp_jax.evaluation.tasks import TASKS, load_task, parse_task_names
 from lp_jax.runs.writable import write_problem
+from models.files import file_written_whole
 
 DTYPES = ("bfloat16", "float32")
 MMLU_DEV_EXAMPLES = 5  # few-shot examples per subject in MMLU's dev split
@@ -119,24 +119,6 @@ def _build_docs(args, tasks: list[str]) -> dict[str, list[Doc]]:
     return {name: load_task(name, shots=args.shots, limit=args.limit) for name in tasks}
 
 
-@contextlib.contextmanager
-def _written_on_success(path: str) -> Iterator[TextIO]:
-    """A file to write that becomes `path` only when the block succeeds: a crash leaves
-    no half-written file, and whatever `path` held before stays whole until then."""
-    folder, name = os.path.split(os.path.abspath(path))
-    temp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "w") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temp)
-        raise
-
-
 def _load(args):
     import jax.numpy as jnp
 
@@ -159,7 +141,7 @@ def run(args, tasks: list[str], loaded, docs: dict[str, list[Doc]] | None = None
     scorer = LoglikelihoodScorer(loaded.model, loaded.tokenizer, max_length=max_length,
                                  batch_size=args.batch_size, progress=not args.no_progress)
     start = time.time()
-    with (_written_on_success(args.log_samples) if args.log_samples
+    with (file_written_whole(args.log_samples) if args.log_samples
           else contextlib.nullcontext()) as samples:
         results = evaluate(scorer, tasks, shots=args.shots, limit=args.limit, samples=samples,
                            docs=docs)
@@ -170,7 +152,7 @@ def run(args, tasks: list[str], loaded, docs: dict[str, list[Doc]] | None = None
         "results": results,
     }
     output = _results_path(args)
-    with _written_on_success(output) as f:
+    with file_written_whole(output) as f:
         json.dump(report, f, indent=2)
     print(format_table(results))
     print(f"results written to {output}")

@@ -31,8 +31,8 @@ from models.files import os_reason
 from models.orbax_quiet import (
     SaveThreadErrorsHushed,
     abandoned_reads_hushed,
+    failed_writes_hushed,
     orbax_logs,
-    unretrieved_write_failures_dropped,
 )
 
 
@@ -99,7 +99,7 @@ class Checkpointer:
         # raises ValueError, OSError, TimeoutError or a bare Exception.
         try:
             self._pending = step
-            with abandoned_reads_hushed():
+            with failed_writes_hushed():
                 self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
             raise self._write_error(e) from e
@@ -179,7 +179,7 @@ class Checkpointer:
     def wait(self) -> None:
         """Blocks until asynchronous saves are written; CheckpointWriteError if one failed."""
         try:
-            with abandoned_reads_hushed():  # a failed write abandons its others alike
+            with failed_writes_hushed():
                 self._manager.wait_until_finished()
         except Exception as e:
             raise self._write_error(e) from e
@@ -190,7 +190,6 @@ class Checkpointer:
         removed (Orbax writes a step under a temporary name until it is complete, so the
         checkpoints already saved are untouched and a full disk gets its space back)."""
         step, self._pending = self._pending, None
-        unretrieved_write_failures_dropped()
         for partial in glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*")):
             shutil.rmtree(partial, ignore_errors=True)
         try:

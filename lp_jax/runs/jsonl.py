@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import stat
-import tempfile
 
 from lp_jax.errors import RunStoppedError
+from models.files import file_written_whole
 
 
 def read_jsonl_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
@@ -59,21 +58,11 @@ class JsonlAppender:
                 if damaged and on_damaged is not None:
                     on_damaged(damaged)
                 kept = [row for row in rows if row.get("step", 0) <= start_step]
-                self._replace("".join(json.dumps(row) + "\n" for row in kept))
+                with file_written_whole(self.path) as f:
+                    f.write("".join(json.dumps(row) + "\n" for row in kept))
             self._file = open(self.path, "a")
         except OSError as e:
             raise self._error(e) from None
-
-    def _replace(self, text: str) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.chmod(tmp, stat.S_IMODE(os.stat(self.path).st_mode))  # mkstemp's is 0600
-            os.replace(tmp, self.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
 
     def write(self, record: dict) -> None:
         try:

@@ -8,6 +8,7 @@ same stochastic-rounding bits, same schedule).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import time
@@ -144,20 +145,18 @@ def build(plan: Plan) -> _Run:
     abstract_model = nnx.eval_shape(build_model)
     target = abstract_state(split_model(abstract_model), tx, cfg.seed)
     shardings = spec.state_shardings(target)
-    params = sum(leaf.size for leaf in jax.tree.leaves(target["params"]))
-    check_state_fits(target, shardings, params, f"model.preset={cfg.model.preset}")
+    check_state_fits(target, shardings, f"model.preset={cfg.model.preset}")
 
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock(run_dir, primary, say)  # before the run folder gets anything else
-    try:
+    with contextlib.ExitStack() as undo:  # what is opened is closed again if build fails
+        lock = _lock(run_dir, primary, say)  # before the run folder gets anything else
+        if lock is not None:
+            undo.callback(lock.release)
         ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
-        try:
-            start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
-                            if cfg.checkpoint.resume else (0, None))
-        except BaseException:
-            ckpt.close()
-            raise
+        undo.callback(ckpt.close)
+        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
+                        if cfg.checkpoint.resume else (0, None))
         if primary:
             # Once the resume is settled: a run refused for another model leaves the config.yaml
             # that describes the checkpoints beside it (eval.py builds the model from it).
@@ -182,13 +181,11 @@ def build(plan: Plan) -> _Run:
         every = cfg.logging.quant_stats_every
         quant_stats = (QuantStatsProbe(run_dir, start, every, cfg.logging.tensorboard, primary)
                        if every else None)
-        return _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
-                    phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
-                    saved_step=start, lock=lock, quant_stats=quant_stats)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
+        built = _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
+                     phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
+                     saved_step=start, lock=lock, quant_stats=quant_stats)
+        undo.pop_all()  # built: the run's close() releases them from here on
+        return built
 
 
 def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
@@ -205,9 +202,7 @@ def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
         if refusal is None and np.any(held):
             refusal = UserError(f"run_dir {str(run_dir)!r} is in use by another job "
                                 "(process 0 says by which)")
-    if refusal is not None:
-        if lock is not None:
-            lock.release()
+    if refusal is not None:  # only process 0 takes the lock: a refusal means it holds none
         raise refusal
     return lock
 
@@ -225,7 +220,7 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
                 f"checkpoint {step} in {ckpt.directory!r} is of another model: "
                 f"{', '.join(changes)}; model keys cannot change on resume (precision, mesh "
                 "and schedule can): use another run_dir for this model")
-        saved_len = (meta.get("config", {}).get("data") or {}).get("seq_len", cfg.data.seq_len)
+        saved_len = _saved_data(meta).get("seq_len", cfg.data.seq_len)
         if saved_len != cfg.data.seq_len:
             # Another length cuts the text into other sequences, shuffled in another order:
             # no position in the new stream is where the run left off.
@@ -254,11 +249,16 @@ def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int,
     return found.step, found.state
 
 
+def _saved_data(meta: dict) -> dict:
+    """The data section of the config a checkpoint was saved with ({} if it has none)."""
+    return (meta.get("config") or {}).get("data") or {}
+
+
 def _check_batch_change(found, cfg, train_it, say) -> None:
     """A changed data.global_batch_size resumes at the next sequence of the stream (the
     data position is counted in sequences), said in one line; a checkpoint whose position
     is a batch index (written before positions were sequences) cannot say where that is."""
-    saved = (found.meta.get("config", {}).get("data") or {}).get("global_batch_size")
+    saved = _saved_data(found.meta).get("global_batch_size")
     now = cfg.data.global_batch_size
     if saved is None or saved == now:
         return
@@ -293,7 +293,7 @@ def run(plan: Plan) -> RunResult:
     step in flight (saved), a second interrupts it at once (``Interrupted``)."""
     with StopSignal() as stop:
         r = build(plan)
-        stop.saved_step = r.start
+        stop.last_checkpoint = lambda: r.saved_step
         failing = True
         try:
             result = _train(r, stop)
@@ -323,7 +323,6 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
             raise RunFolderLostError(cfg.run_dir)
         if stop.received or step == end or step % cfg.checkpoint.every == 0:
             _save(r, step)
-            stop.saved_step = step
         if stop.received:
             r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
                   "re-run the same command to resume (a second signal interrupts at once)")

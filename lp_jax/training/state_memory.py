@@ -55,12 +55,13 @@ def _device_memory(device) -> int | None:
     return (stats or {}).get("bytes_limit")
 
 
-def check_state_fits(target: dict, shardings: dict, params: int, what: str,
+def check_state_fits(target: dict, shardings: dict, what: str,
                      devices: list[Any] | None = None) -> None:
     """UserError, with the figures, when the state's floor exceeds the memory it would
     live in; nothing when the memory cannot be read."""
     devices = devices or jax.local_devices()
     per_device = state_bytes_per_device(target, shardings)
+    params = sum(leaf.size for leaf in jax.tree.leaves(target["params"]))
     if devices[0].platform == "cpu":
         need, have = per_device * len(devices), _host_memory()
         where = f"this machine's {have / 1e9:.1f} GB of RAM" if have else ""

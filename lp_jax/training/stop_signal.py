@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Callable
 
 import jax
 import numpy as np
@@ -43,7 +44,7 @@ class StopSignal:
     def __init__(self):
         self.received: str | None = None  # the first signal's name
         self.interrupted = False
-        self.saved_step: int | None = None  # the newest checkpoint, for the one line
+        self.last_checkpoint: Callable[[], int] = lambda: 0  # its step, for the one line (0: none)
         self._previous = {}
         self._done = threading.Event()
         self._said = threading.Lock()
@@ -76,8 +77,9 @@ class StopSignal:
         return bool(np.any(flags[..., 1]))
 
     def message(self, name: str) -> str:
-        saved = (f"the last checkpoint (step {self.saved_step}) is untouched; re-run the same "
-                 "command to resume" if self.saved_step else "no checkpoint was written")
+        step = self.last_checkpoint()
+        saved = (f"the last checkpoint (step {step}) is untouched; re-run the same command to "
+                 "resume" if step else "no checkpoint was written")
         return f"interrupted by a second {name}: stopped at once, without saving; {saved}"
 
     def _handle(self, signum, frame):

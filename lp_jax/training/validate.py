@@ -28,6 +28,7 @@ from lp_jax.runs.architecture import preset_model_config, run_tokenizer
 from lp_jax.runs.run_folder import checkpoint_folder
 from lp_jax.runs.writable import write_problem
 from models.config import SHAPE_FIELDS, LlamaConfig
+from models.files import folder_problem
 
 SOURCES = ("text", "tokens", "mock")
 DECAYS = ("cosine", "linear", "constant")
@@ -261,8 +262,11 @@ def _check_run_folders(c: TrainConfig) -> None:
     training end in a save that cannot happen), the data cache is a folder, and a fresh run
     finds no checkpoints."""
     directory = checkpoint_dir(c)
-    if c.data.cache_dir:
-        _check_cache_folder(c.data.cache_dir)
+    # The data cache must be a folder, but is not probed for writing: a shared read-only
+    # cache that already holds the shards is fine.
+    problem = folder_problem(c.data.cache_dir) if c.data.cache_dir else None
+    if problem:
+        raise UserError(f"data.cache_dir: {problem}")
     for key, folder in (("run_dir", c.run_dir), ("checkpoint.dir", directory)):
         problem = write_problem(folder)
         if problem:
@@ -271,17 +275,6 @@ def _check_run_folders(c: TrainConfig) -> None:
             name.isdigit() for name in os.listdir(directory)):
         raise UserError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
                         "choose another run_dir or remove them")
-
-
-def _check_cache_folder(path: str) -> None:
-    """data.cache_dir must be (or be able to become) a folder. It is not probed for
-    writing: a shared read-only cache that already holds the shards is fine."""
-    existing = os.path.abspath(path)
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        cannot = "" if existing == os.path.abspath(path) else f", so {path!r} cannot be one"
-        raise UserError(f"data.cache_dir: {existing!r} is a file, not a folder{cannot}")
 
 
 def checkpoint_dir(c: TrainConfig) -> str:
