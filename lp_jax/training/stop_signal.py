@@ -50,6 +50,7 @@ class StopSignal:
         self._said = threading.Lock()
         self._pipe = None
         self._previous_fd = -1
+        self._watcher: threading.Thread | None = None
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
@@ -60,7 +61,9 @@ class StopSignal:
         os.set_blocking(write_fd, False)
         self._pipe = (read_fd, write_fd)
         self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, name="lp_jax-stop-signal", daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, name="lp_jax-stop-signal",
+                                         daemon=True)
+        self._watcher.start()
         return self
 
     def agree(self, folder_lost: bool = False) -> bool:
@@ -115,6 +118,11 @@ class StopSignal:
         if self._pipe is not None:
             signal.set_wakeup_fd(self._previous_fd)
             os.close(self._pipe[1])  # wakes the watcher, which closes the read end
+            # It ends here, not at interpreter exit: a thread that ends then and drops the
+            # last reference to device arrays (its target holds this object, whose
+            # last_checkpoint holds the run) aborts the process as JAX frees them.
+            self._watcher.join(timeout=GRACE_S)
+        self.last_checkpoint = lambda: 0
         for sig, handler in self._previous.items():
             # Once a run was told to stop, its process is on its way out: a signal more
             # would only interrupt the exit with a traceback.
