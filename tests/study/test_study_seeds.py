@@ -114,9 +114,11 @@ def test_report_across_seeds_on_planted_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_two_seed_study_trains_pairs_and_reports(tmp_path, token_cache):
     text = os.path.join(os.path.dirname(json.__file__), "*.py")  # real text: the json package
-    overrides = ("steps=4", "model.num_layers=1", f"data.paths={text}", "data.val_fraction=0.3",
+    # eight steps: over fewer, Adam's near-sign early updates and the BF16 cast of the
+    # masters can absorb the FP32 summation-order change, and the twins stay bit-identical
+    overrides = ("steps=8", "model.num_layers=1", f"data.paths={text}", "data.val_fraction=0.3",
                  f"data.cache_dir={token_cache}", "data.seq_len=32", "data.global_batch_size=2",
-                 "data.micro_batch_size=2", "schedule.warmup_steps=1", "checkpoint.every=4",
+                 "data.micro_batch_size=2", "schedule.warmup_steps=1", "checkpoint.every=8",
                  "logging.val_every=2", "logging.val_batches=1", "logging.tensorboard=false")
     said = []
     summary = run_study(StudyOptions(CONFIG, overrides, precisions="bf16,fp8_cs:F0L0",
@@ -126,7 +128,7 @@ def test_two_seed_study_trains_pairs_and_reports(tmp_path, token_cache):
     for seed in (0, 1):
         for name in ("bf16", "fp8_cs_f0l0", TWIN):
             metrics = (tmp_path / "study" / "runs" / f"seed{seed}" / name / "metrics.jsonl")
-            assert len(metrics.read_text().splitlines()) == 4
+            assert len(metrics.read_text().splitlines()) == 8
     assert any("[seed1/bf16_twin] training" in line for line in said)
     across = summary["seeds"]["runs"]
     fp8 = across["fp8_cs_f0l0"]
