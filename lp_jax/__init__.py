@@ -17,7 +17,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.numerics.hadamard": ("hadamard",),
     "lp_jax.numerics.quantize": ("FORMATS", "QuantizedTensor", "dequantize"),
     "lp_jax.quantizer": ("quantize",),
-    "lp_jax.recipes": ("BF16", "RECIPES", "Float8CurrentScaling", "MXFP8BlockScaling",
+    "lp_jax.recipes": ("BF16", "RECIPES", "Float8BlockScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
                        "NVFP4BlockScaling", "OperandSpec", "Recipe", "get_recipe"),
     "lp_jax.surgery.swap": ("SwapReport", "apply_recipe"),
 }, globals())
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from lp_jax.recipes import (
         BF16,
         RECIPES,
+        Float8BlockScaling,
         Float8CurrentScaling,
         MXFP8BlockScaling,
         NVFP4BlockScaling,

@@ -15,11 +15,11 @@ import difflib
 import re
 from typing import ClassVar, Literal
 
-Format = Literal["fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4"]
+Format = Literal["fp8_e4m3", "fp8_e5m2", "fp8_block", "mxfp8", "nvfp4"]
 Backend = Literal["auto", "reference", "xla_fp8", "cudnn"]
 QuantizeImpl = Literal["xla", "pallas", "auto"]
 PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
-BLOCK_FORMATS: tuple[Format, ...] = ("mxfp8", "nvfp4")
+BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "mxfp8", "nvfp4")
 BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn")
 QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
 # The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
@@ -38,7 +38,7 @@ class OperandSpec:
     """How one GEMM operand is quantized. fmt None means BF16 (not quantized)."""
 
     fmt: Format | None = None
-    block_2d: bool = False  # NVFP4 weights: 16x16 tiles (one copy serves fprop and dgrad)
+    block_2d: bool = False  # weight tiles (NVFP4 16x16, FP8 block 128x128): one copy for fprop and dgrad
     rht: bool = False  # random Hadamard transform along the contraction axis first
     stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
     scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
@@ -173,6 +173,26 @@ class Float8CurrentScaling(Recipe):
 
 
 @dataclasses.dataclass(frozen=True)
+class Float8BlockScaling(Recipe):
+    """FP8 block scaling (TE ``Float8BlockScaling``, DeepSeek-V3's recipe): all E4M3, FP32
+    power-of-two scales; activations and gradients in 1x128 blocks along each GEMM's
+    contraction axis (the wgrad copies along the tokens, quantized again from the BF16
+    tensor), weights in 128x128 tiles (the same bytes serve fprop and dgrad). Megatron
+    Bridge's ``bf16_with_fp8_subchannel_scaling_mixed`` keeps no layer in BF16 (F0L0).
+    """
+
+    name: ClassVar[str] = "fp8_block"
+    gemm_dtype: ClassVar[str] = "fp8"
+
+    def _operands(self):
+        if self.quantize_impl == "pallas":
+            raise ValueError("quantize_impl='pallas' cannot run recipe 'fp8_block' (no Pallas kernel "
+                             "quantizes its blocks); use 'xla' or 'auto'")
+        rows, tiles = OperandSpec("fp8_block"), OperandSpec("fp8_block", block_2d=True)
+        return dict(fprop_x=rows, fprop_w=tiles, dgrad_dy=rows, dgrad_w=tiles, wgrad_x=rows, wgrad_dy=rows)
+
+
+@dataclasses.dataclass(frozen=True)
 class MXFP8BlockScaling(Recipe):
     """MXFP8: 32-element blocks along each GEMM's contraction axis, E8M0 scales, all E4M3.
 
@@ -221,11 +241,12 @@ class NVFP4BlockScaling(Recipe):
         )
 
 
-_CLASSES = (BF16, Float8CurrentScaling, MXFP8BlockScaling, NVFP4BlockScaling)
+_CLASSES = (BF16, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling)
 # Megatron Bridge's mixed_precision recipe names -> our short names.
 BRIDGE_NAMES = {
     "bf16_mixed": "bf16",
     "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
+    "bf16_with_fp8_subchannel_scaling_mixed": "fp8_block",
     "bf16_with_mxfp8_mixed": "mxfp8",
     "bf16_with_nvfp4_mixed": "nvfp4",
 }

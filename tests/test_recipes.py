@@ -9,6 +9,8 @@ import lp_jax as lp
     ("nvfp4", lp.NVFP4BlockScaling), ("bf16_mixed", lp.BF16),
     ("bf16_with_fp8_current_scaling_mixed", lp.Float8CurrentScaling),
     ("bf16_with_mxfp8_mixed", lp.MXFP8BlockScaling), ("bf16_with_nvfp4_mixed", lp.NVFP4BlockScaling),
+    ("fp8_block", lp.Float8BlockScaling), ("Float8BlockScaling", lp.Float8BlockScaling),
+    ("bf16_with_fp8_subchannel_scaling_mixed", lp.Float8BlockScaling),
 ])
 def test_names(name, cls):
     assert type(lp.get_recipe(name)) is cls
@@ -17,6 +19,7 @@ def test_names(name, cls):
 def test_default_policies_follow_megatron_bridge():
     assert lp.get_recipe("fp8_cs").policy == "F1L1"
     assert lp.get_recipe("mxfp8").policy == "F0L0"
+    assert lp.get_recipe("fp8_block").policy == "F0L0"
     assert lp.get_recipe("nvfp4").policy == "F0L4"
     assert lp.get_recipe("nvfp4", policy="F2L1").policy == "F2L1"
 
@@ -32,6 +35,18 @@ def test_mxfp8_operands_all_e4m3_blocks():
     r = lp.get_recipe("mxfp8", scale_rule="floor")
     for f in ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy"):
         assert getattr(r, f) == lp.OperandSpec("mxfp8", scale_rule="floor")
+
+
+def test_fp8_block_operands_rows_and_weight_tiles():
+    r = lp.get_recipe("fp8_block")
+    rows, tiles = lp.OperandSpec("fp8_block"), lp.OperandSpec("fp8_block", block_2d=True)
+    assert (r.fprop_x, r.dgrad_dy, r.wgrad_x, r.wgrad_dy) == (rows,) * 4
+    assert r.fprop_w == r.dgrad_w == tiles  # one copy serves both weight GEMMs
+    assert (r.gemm_dtype, r.native_backend) == ("fp8", "cudnn")
+    with pytest.raises(ValueError, match="backend='xla_fp8' cannot run recipe 'fp8_block'"):
+        lp.get_recipe("fp8_block", backend="xla_fp8")
+    with pytest.raises(ValueError, match="quantize_impl='pallas' cannot run recipe 'fp8_block'"):
+        lp.get_recipe("fp8_block", quantize_impl="pallas")
 
 
 def test_nvfp4_operands_and_ablations():

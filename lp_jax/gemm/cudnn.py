@@ -1,4 +1,4 @@
-"""The "cudnn" backend: MXFP8 and NVFP4 GEMMs through ``jax.nn.scaled_matmul``.
+"""The "cudnn" backend: MXFP8, NVFP4 and FP8 block GEMMs through ``jax.nn.scaled_matmul``.
 
 ``scaled_matmul`` takes lhs (B, M, K), rhs (B, N, K) and their block scales, infers the
 block size from the shapes and returns lhs x rhs^T: lowered for CUDA, the
@@ -8,6 +8,9 @@ contraction axis last (B = 1), as ``lp_jax.quantize``'s bytes and scales, the bi
 reference decodes. K is zero-padded to a multiple of 4 blocks and the rows to a multiple of
 128 (cuDNN's block-scale tile), and the result is sliced back. NVFP4's FP32 tensor scales
 multiply the FP32 result outside the call, one rounding each, as in the reference.
+FP8 block scaling runs as MXFP8: its FP32 scales are powers of two (2^-127 at the least),
+which E8M0 holds exactly, and a 1x128 block (or a row of a 128x128 tile) is four 1x32
+blocks with its scale repeated, as Transformer Engine runs that recipe on Blackwell.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from lp_jax.gemm.operands import (
     uses_pallas,
 )
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import NVFP4_BLOCK, QuantizedTensor
+from lp_jax.numerics.quantize import MX_BLOCK, QuantizedTensor
 from lp_jax.quantizer import quantize
 
 ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
@@ -40,11 +43,20 @@ def _round_up(n, multiple):
 
 
 def _tile_scales(q: QuantizedTensor, axis: int):
-    """Per-row block scales of a 16x16-tiled operand read contracting ``axis``: each row of
-    the contraction-last layout gets the scale of the tile it lies in."""
+    """Per-row block scales of a tiled operand (16x16, 128x128) read contracting ``axis``:
+    each row of the contraction-last layout gets the scale of the tile it lies in."""
     scales = q.scale if axis == 1 else q.scale.T
     rows = q.data.shape[1 - axis]
-    return jnp.repeat(scales, NVFP4_BLOCK, axis=0)[:rows]
+    return jnp.repeat(scales, F.BLOCK_SIZES[q.fmt], axis=0)[:rows]
+
+
+def _as_mx_scales(scales, k):
+    """FP8 block scales (FP32 powers of two, [rows, K / 128]) as the E8M0 scales of 1x32
+    blocks [rows, K / 32]: the exponent field is the E8M0 code, 2^-127 (subnormal, field
+    0) included."""
+    codes = (F.f32_bits(scales) >> 23) & 0xFF
+    per = F.BLOCK_SIZES["fp8_block"] // MX_BLOCK
+    return F.e8m0_from_code(jnp.repeat(codes, per, axis=1)[:, :-(-k // MX_BLOCK)])
 
 
 def _blocks(p, axis: int):
@@ -70,7 +82,7 @@ def _blocks(p, axis: int):
             return jnp.moveaxis(p.data, axis, -1), _tile_scales(p, axis), p.global_scale
         if p.axis == axis:
             return jnp.moveaxis(p.data, axis, -1), jnp.moveaxis(p.scale, axis, -1), p.global_scale
-    raise ValueError(f"the cudnn backend multiplies MXFP8/NVFP4 operands blocked along the "
+    raise ValueError(f"the cudnn backend multiplies block-scaled operands blocked along the "
                      f"contraction axis {axis}; got {type(p).__name__}")
 
 
@@ -92,6 +104,8 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     (ca,), (cb,) = contracting
     ad, as_, fa = _blocks(a, ca)
     bd, bs, fb = _blocks(b, cb)
+    if as_.dtype == jnp.float32:  # FP8 block scaling, both operands
+        as_, bs = _as_mx_scales(as_, ad.shape[1]), _as_mx_scales(bs, bd.shape[1])
     block = _BLOCK_OF[jnp.dtype(ad.dtype)]
     rows_a, rows_b = ad.shape[0], bd.shape[0]
     ad, as_ = _padded(ad, as_, block)

@@ -9,6 +9,8 @@ scalar ``factor`` (None when there is none), which the GEMM applies to its FP32 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -18,12 +20,14 @@ from lp_jax.numerics.quantize import (
     NVFP4_BLOCK,
     abs_max,
     block_amax,
+    block_values,
     from_tiles,
     mxfp8_blocks,
     mxfp8_decode_factors,
     nvfp4_block_encoding,
     nvfp4_encode_values,
     nvfp4_tensor_scale,
+    quantize_fp8_block,
     quantize_per_tensor,
     to_blocks,
     to_blocks_in_place,
@@ -46,6 +50,12 @@ def mxfp8_values(t, axis, scale_rule="rceil"):
     nan, f1, f2 = (a[..., None] for a in mxfp8_decode_factors(code))
     values = jnp.where(nan, jnp.float32(jnp.nan), data * f1 * f2)  # = F.mul_exp2(data, code - 127)
     return unblocked(values, t.shape[axis]), None
+
+
+def fp8_block_values(t, axis, block_2d=False):
+    q = quantize_fp8_block(t, axis, block_2d)
+    q = dataclasses.replace(q, data=lax.optimization_barrier(q.data))
+    return jnp.moveaxis(block_values(q), axis, -1), None
 
 
 def nvfp4_values(t, axis, block_2d=False, rounding="nearest", key=None):
@@ -88,6 +98,8 @@ def nvfp4_values_in_place(t, rounding="nearest", key=None):
 def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil"):
     if fmt in F.PER_TENSOR_FORMATS:
         return per_tensor_values(t, F.FORMAT_SPECS[fmt].element, axis)
+    if fmt == "fp8_block":
+        return fp8_block_values(t, axis, block_2d)
     if fmt == "mxfp8":
         return mxfp8_values(t, axis, scale_rule)
     return nvfp4_values(t, axis, block_2d, rounding, key)

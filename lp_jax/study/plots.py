@@ -13,8 +13,9 @@ import numpy as np  # noqa: E402
 
 from lp_jax.study import curves  # noqa: E402
 
-COLORS = {"bf16": "black", "fp8_cs": "tab:blue", "mxfp8": "tab:green", "nvfp4": "tab:red"}
-EXTRA_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+COLORS = {"bf16": "black", "fp8_cs": "tab:blue", "fp8_block": "tab:cyan", "mxfp8": "tab:green",
+          "nvfp4": "tab:red"}
+EXTRA_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:gray")
 
 
 def assign_colors(runs: list[dict]) -> dict[str, str]:

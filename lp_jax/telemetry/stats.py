@@ -18,9 +18,12 @@ from jax import lax
 from lp_jax.gemm.operands import transformed
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import (
+    FP8_BLOCK,
     MX_BLOCK,
     NVFP4_BLOCK,
     abs_max,
+    fp8_block_encode,
+    fp8_block_scales,
     mxfp8_block_factors,
     mxfp8_decode_factors,
     nvfp4_block_encoding,
@@ -130,6 +133,24 @@ def _mxfp8(t, axis, scale_rule):
                     layout.axis)
 
 
+def _fp8_block(t, axis, block_2d):
+    if block_2d:
+        xb, amax_axes, block_axis = to_tiles(t, FP8_BLOCK), (-3, -1), -1
+        expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
+    else:
+        xb, layout = _Layout.of(t, axis, FP8_BLOCK)
+        amax_axes, block_axis, expand = layout.axis, layout.axis, layout.expand
+    # The scale ignores NaN elements (as the quantizer does); the statistics' block amax
+    # keeps them, so a block holding a NaN counts as unused, as in the other formats.
+    amax = abs_max(xb, axis=amax_axes)
+    scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes))
+    stored = _written_once(fp8_block_encode(xb, expand(scale)).astype(jnp.float32))
+    deq = F.mul(stored, expand(scale_inv))  # scale_inv may be the subnormal 2^-127
+    # At its limit: the scale clamped to the largest power of two (448 / amax overflowed).
+    at_limit = _floor_log2(scale) == 127
+    return _Blocked(xb, stored, stored == 0, deq, amax, _floor_log2(scale_inv), at_limit, block_axis)
+
+
 def _nvfp4(t, axis, block_2d, rounding, key):
     if block_2d:
         xb, amax_axes, block_axis = to_tiles(t), (-3, -1), -1
@@ -153,6 +174,8 @@ def _blocked(t, spec, axis, key):
         return _per_tensor(t, spec.fmt, axis)
     if spec.fmt == "mxfp8":
         return _mxfp8(t, axis, spec.scale_rule)
+    if spec.fmt == "fp8_block":
+        return _fp8_block(t, axis, spec.block_2d)
     rounding = "stochastic" if spec.stochastic else "nearest"
     if spec.stochastic and key is None:
         raise ValueError("operand_stats: a stochastically rounded operand needs key=")
@@ -214,7 +237,7 @@ def _sums(axis, *per_element):
     return tuple(jnp.sum(f) for f in firsts)
 
 
-_COUNT_BITS = 8  # a block has at most 32 elements (MXFP8; NVFP4 16): its counts fit a byte
+_COUNT_BITS = 8  # a block reduces at most 128 elements (FP8 block; MXFP8 32, NVFP4 16): counts fit a byte
 
 
 def _counts(axis, *masks):

@@ -19,14 +19,15 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 def test_shipped_configs_load_and_round_trip():
     names = {p.stem for p in CONFIGS}
-    assert {"tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_mxfp8", "tiny_nvfp4", "llama3_8b_bf16",
-            "llama3_8b_fp8_cs", "llama3_8b_mxfp8", "llama3_8b_nvfp4"} <= names
+    assert {"tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_fp8_block", "tiny_mxfp8", "tiny_nvfp4",
+            "llama3_8b_bf16", "llama3_8b_fp8_cs", "llama3_8b_fp8_block", "llama3_8b_mxfp8",
+            "llama3_8b_nvfp4"} <= names
     for path in CONFIGS:
         config = load_config(path)
         assert from_dict(TrainConfig, yaml.safe_load(dump_yaml(config))) == config, path
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["bf16", "fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     c = load_config(ROOT / f"configs/llama3_8b_{recipe}.yaml")
     assert c.precision.recipe == recipe and c.model.preset == "llama3_8b"

@@ -23,6 +23,7 @@ from lp_jax.gemm import backends
 RECIPES = {
     "fp8_cs": lp.get_recipe("fp8_cs"),
     "fp8_cs_e4m3": lp.get_recipe("fp8_cs", fp8_format="E4M3"),
+    "fp8_block": lp.get_recipe("fp8_block"),
     "mxfp8": lp.get_recipe("mxfp8"),
     "mxfp8_floor": lp.get_recipe("mxfp8", scale_rule="floor"),
     "nvfp4": lp.get_recipe("nvfp4"),  # stochastic rounding on
@@ -32,9 +33,12 @@ RECIPES = {
 # x [..., K] x W [K, N]: K not a multiple of 32 or 16, M (all leading axes) not a multiple of
 # 128 (50, and 130 > 128), N not a multiple of 16 (dgrad contracts over it), leading axes.
 SHAPES = [((2, 25, 40), 24), ((130, 72), 48)]
+# FP8 block scaling's 1x128 blocks and 128x128 tiles: several of them, ragged at every edge.
+CASES = [(n, s) for n in RECIPES for s in SHAPES] + [("fp8_block", ((3, 70, 300), 136))]
 # Operand element types of fprop, dgrad, wgrad (lhs, rhs[, lhs scales, rhs scales]).
 NATIVE_TYPES = {
     "fp8_cs": [("f8E4M3FN", "f8E4M3FN"), ("f8E5M2", "f8E4M3FN"), ("f8E4M3FN", "f8E5M2")],
+    "fp8_block": [("f8E4M3FN", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU")] * 3,  # run as MXFP8
     "mxfp8": [("f8E4M3FN", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU")] * 3,
     "nvfp4": [("f4E2M1FN", "f4E2M1FN", "f8E4M3FN", "f8E4M3FN")] * 3,
 }
@@ -49,8 +53,8 @@ def _native(recipe):
     return lp.get_recipe(recipe, backend=lp.get_recipe(recipe).native_backend)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[0])) + f"x{s[1]}")
-@pytest.mark.parametrize("name", list(RECIPES))
+@pytest.mark.parametrize("name,shape", CASES,
+                         ids=[f"{n}-" + "x".join(map(str, s[0])) + f"x{s[1]}" for n, s in CASES])
 def test_native_backend_on_cpu_equals_reference(name, shape):
     """fprop, dgrad and wgrad to FP32 summation order, stochastic rounding on and off."""
     ref_recipe = lp.get_recipe(RECIPES[name], backend="reference")
@@ -79,7 +83,7 @@ def _native_gemm_eqns(recipe, args):
     return count(jax.make_jaxpr(linear_vjp_fn(recipe))(*args).jaxpr)
 
 
-@pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_native_backend_with_bf16_activations(name):
     """BF16 y and dx, FP32 dW; the outputs
     agree with the reference to BF16 rounding."""
@@ -91,7 +95,7 @@ def test_native_backend_with_bf16_activations(name):
         assert rel_err(g, r) <= 1e-2
 
 
-@pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_auto_on_cpu_is_the_reference_bit_for_bit(name):
     args = inputs((2, 25, 40), 24)
     auto = _jitted(lp.get_recipe(name))(*args)
@@ -117,7 +121,7 @@ def _linear_step(recipe, platform):
         lowering_platforms=(platform,)).as_text()
 
 
-@pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_linear_lowered_for_cuda_holds_three_native_gemms(name):
     gemms = lowered_gemms(_linear_step(name, "cuda"))
     found = fp8_dots(gemms) if name == "fp8_cs" else block_scaled_dots(gemms)
@@ -226,7 +230,7 @@ def _step_args(graphdef, spec, state):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_llama_train_step_with_each_backend_forced_matches_reference(name):
     """One optimizer step, FP32 activations (so the GEMMs differ only in summation order):
     loss, gradient norm and updated parameters agree to 1e-6. Two layers, the first
@@ -248,7 +252,7 @@ def test_llama_train_step_with_each_backend_forced_matches_reference(name):
         assert rel_err(a, b) <= 1e-6
 
 
-@pytest.mark.parametrize("name", ["fp8_cs", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_llama_train_step_lowered_for_cuda_holds_three_native_gemms_per_quantized_linear(name):
     from lp_jax.training.step import jitted_train_step
 

@@ -99,7 +99,7 @@ from lp_jax.parallel.mesh import make_mesh
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((64, 512)).astype(np.float32)
-# [K, N]: every shard whole MXFP8 blocks and NVFP4 tiles along both axes on every mesh
+# [K, N]: every shard whole MXFP8 blocks, NVFP4 tiles and FP8 128x128 tiles on every mesh
 w = (rng.standard_normal((512, 256)) * 0.05).astype(np.float32)
 w[5, 250] = 3.0  # the tensor amax lives on one shard
 w_nan = w.copy()
@@ -117,7 +117,8 @@ def leaves_equal(a, b):
 
 for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
     mesh = make_mesh(*sizes)
-    for name in ("fp8_cs", "mxfp8", "nvfp4"):
+    # FP8 block's 128x128 tiles stay whole only where no axis of w is split more than 2 ways
+    for name in ("fp8_cs", "mxfp8", "nvfp4") + (("fp8_block",) if max(sizes[1:]) <= 2 else ()):
         r = lp.get_recipe(name, first_bf16_layers=0, last_bf16_layers=0)
         shard = lambda layout: NamedSharding(mesh, P(*layout))
 
@@ -166,7 +167,9 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
         if cuda:  # the GPU backends (xla_fp8, cudnn) take the gathered operands: lowered for CUDA
             module = jax.jit(grads).trace(x, w, w).lower(lowering_platforms=("cuda",)).as_text()
             wire = re.findall(r'"stablehlo\.all_gather".* : \(tensor<(?:\d+x)*(\w+)>\)', module)
-            if wire != ["ui8"] * (2 * (1 if name == "fp8_cs" else 2) * 2):  # fwd + bwd, 2 layouts
+            # fwd + bwd, 2 layouts; FP8 block's one copy serves both GEMMs, its FP32 scales travel as they are
+            want = {"fp8_cs": ["ui8"] * 4, "fp8_block": ["f32", "ui8"] * 4}.get(name, ["ui8"] * 8)
+            if sorted(wire) != sorted(want):
                 failures.append(f"{name} {sizes}: CUDA lowering gathers {wire}")
 print(json.dumps({"checked": checked, "failures": failures}))
 '''
@@ -177,7 +180,8 @@ print(json.dumps({"checked": checked, "failures": failures}))
 def test_gathered_bytes_and_gemms_equal_the_unsharded_recipe(mesh):
     out = _subprocess(["-c", GEMMS, "cuda" if mesh == (2, 2, 2) else "-", ",".join(map(str, mesh))])
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["checked"] == 3 * 2 * 2, result  # 3 recipes x column-, row-parallel x 2 weights
+    recipes = 4 if max(mesh[1:]) <= 2 else 3  # fp8_block where its tiles stay whole
+    assert result["checked"] == recipes * 2 * 2, result  # x column-, row-parallel x 2 weights
     assert result["failures"] == [], result["failures"]
 
 
@@ -190,6 +194,11 @@ def test_a_shard_of_partial_blocks_is_refused():
     w = jax.ShapeDtypeStruct((128, 64), jnp.float32)  # 8 shards of 16 rows: half MXFP8 blocks
     with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ValueError, match="splits mxfp8 blocks of 32"):
         jax.eval_shape(lambda w: param_gather.forward(lp_jax.get_recipe("mxfp8"), ("fsdp", None), w,
+                                                      jnp.bfloat16), w)
+    w = jax.ShapeDtypeStruct((1024, 64), jnp.float32)  # 64 columns in 8 shards: partial 128x128 tiles
+    with jax.sharding.use_abstract_mesh(mesh), \
+            pytest.raises(ValueError, match="splits fp8_block blocks of 128"):
+        jax.eval_shape(lambda w: param_gather.forward(lp_jax.get_recipe("fp8_block"), (None, "fsdp"), w,
                                                       jnp.bfloat16), w)
 
 

@@ -21,6 +21,8 @@ def test_precisions_parse_with_policies_and_reject_bad_lists():
     variants = parse_precisions("bf16, fp8_cs,nvfp4:F0L1")
     assert [v.name for v in variants] == ["bf16", "fp8_cs", "nvfp4_f0l1"]
     assert variants[2].precision == {"first_bf16_layers": 0, "last_bf16_layers": 1}
+    block = parse_precisions("bf16,fp8_block")[1]
+    assert (block.name, block.recipe, block.label) == ("fp8_block", "fp8_block", "FP8 block")
     for bad, match in (("bf16,fp4", "unknown precision 'fp4'"), ("fp8_cs,mxfp8", "must include bf16"),
                        ("bf16,nvfp4:X1", "bad layer policy"), ("bf16,bf16", "listed twice")):
         with pytest.raises(UserError, match=match):

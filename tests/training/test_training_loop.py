@@ -17,7 +17,7 @@ from lp_jax.training.validate import resolve
 # A few stdlib packages as text: real code, tokenized in a second.
 TEXT = [os.path.join(sysconfig.get_paths()["stdlib"], p) for p in ("json/*.py", "email/*.py")]
 # NVFP4's default F0L4 would leave a 4-layer model all BF16: quantize all but the last layer.
-RECIPES = {"bf16": [], "fp8_cs": [], "mxfp8": [], "nvfp4": ["precision.last_bf16_layers=1"]}
+RECIPES = {"bf16": [], "fp8_cs": [], "fp8_block": [], "mxfp8": [], "nvfp4": ["precision.last_bf16_layers=1"]}
 
 
 def tiny(run_dir, cache, *overrides):
@@ -173,9 +173,9 @@ def test_resume_warns_about_changed_config_keys():
     assert _changed_keys(saved, changed) == ["precision.recipe", "steps"]
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_mxfp8", "tiny_nvfp4",
-                                  "llama3_8b_bf16", "llama3_8b_fp8_cs", "llama3_8b_mxfp8",
-                                  "llama3_8b_nvfp4"])
+@pytest.mark.parametrize("name", ["tiny", "tiny_bf16", "tiny_fp8_cs", "tiny_fp8_block", "tiny_mxfp8",
+                                  "tiny_nvfp4", "llama3_8b_bf16", "llama3_8b_fp8_cs", "llama3_8b_fp8_block",
+                                  "llama3_8b_mxfp8", "llama3_8b_nvfp4"])
 def test_shipped_configs_validate(name, capsys):
     from lp_jax.training import cli
 
