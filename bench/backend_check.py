@@ -32,9 +32,10 @@ from bench.hlo_gemms import BLOCK_SCALED_DOT, compiled_gemms  # noqa: E402
 from lp_jax import context  # noqa: E402
 from lp_jax.gemm import backends  # noqa: E402
 
-RECIPES = ("fp8_cs", "mxfp8", "nvfp4")
+RECIPES = ("fp8_cs", "fp8_block", "mxfp8", "nvfp4")
 # Element types the compiled program must still hold (E8M0 scales travel as uint8 codes).
-TYPES = {"fp8_cs": ("f8e4m3fn", "f8e5m2"), "mxfp8": ("f8e4m3fn",), "nvfp4": ("f4e2m1fn",)}
+TYPES = {"fp8_cs": ("f8e4m3fn", "f8e5m2"), "fp8_block": ("f8e4m3fn",), "mxfp8": ("f8e4m3fn",),
+         "nvfp4": ("f4e2m1fn",)}
 # x [..., K] x W [K, N]: K not a multiple of 32, M not a multiple of 128, N not of 16.
 SHAPES = {"full": ((2, 1000, 1000), 776), "tiny": ((2, 25, 40), 24)}
 TOLERANCE = 1e-6

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--shapes", default=LLAMA3_8B_SHAPES, help="K x N of each Linear, comma-separated")
-    ap.add_argument("--recipes", default="fp8_cs,mxfp8,nvfp4")
+    ap.add_argument("--recipes", default="fp8_cs,mxfp8,nvfp4,fp8_block")
     ap.add_argument("--backend", default="auto", choices=("auto", "native", "reference"))
     ap.add_argument("--modes", default="incl,excl", help="quantization incl(uded), excl(uded)")
     ap.add_argument("--repeats", type=int, default=10)

@@ -1,7 +1,7 @@
 """Tokens/s and MFU of the trainer's step per recipe, for a model preset, on this machine.
 
     python bench/train_throughput.py [--preset llama3_1b --seq-len 2048 --batch 4 --steps 4]
-                                     [--recipes bf16,fp8_cs,mxfp8,nvfp4] [--set KEY=VALUE ...] [--tiny]
+                                     [--recipes bf16,fp8_cs,mxfp8,nvfp4,fp8_block] [--set KEY=VALUE ...] [--tiny]
 
 Each recipe trains ``steps`` optimizer steps of the trainer's own jitted step (the config
 the trainer would resolve: recipe defaults, FiLj policy and GEMM backend as "auto" picks
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps per recipe (the first compiles)")
-    ap.add_argument("--recipes", default="bf16,fp8_cs,mxfp8,nvfp4")
+    ap.add_argument("--recipes", default="bf16,fp8_cs,mxfp8,nvfp4,fp8_block")
     ap.add_argument("--budget-s", type=float, default=None, help="start no new recipe after this")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every recipe (e.g. model.num_layers=8), after the defaults")

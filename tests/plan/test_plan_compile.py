@@ -120,6 +120,7 @@ def test_the_pallas_quantizers_compile_for_the_gpu(gpu):
 @needs_plugin
 @pytest.mark.parametrize("gpu", ["h200", "b200"])
 @pytest.mark.parametrize("recipe,backend", [("fp8_cs", "reference"), ("fp8_cs", "xla_fp8"),
+                                            ("fp8_block", "cudnn"), ("fp8_block", "auto"),
                                             ("mxfp8", "cudnn"), ("nvfp4", "cudnn"), ("nvfp4", "auto")])
 def test_every_gemm_backend_compiles_for_the_gpu(gpu, recipe, backend):
     import jax.numpy as jnp
