@@ -26,7 +26,8 @@ def resolve_impl(impl: str) -> str:
 
 
 def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
-             scale_rule="rceil", impl="xla", tensor_amax=None) -> QuantizedTensor:
+             scale_rule="rceil", impl="xla", tensor_amax=None, block_scale_search=None,
+             metric="mae") -> QuantizedTensor:
     """Quantizes ``x`` (bf16 or f32, any rank) to ``fmt``, blocked along ``axis``.
 
     fmt: "fp8_e4m3" | "fp8_e5m2" (per-tensor current scaling; axis is ignored), "mxfp8"
@@ -35,16 +36,21 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
     "fp8_block" (Transformer Engine's FP8 block scaling: 1x128 blocks along axis or, with
     block_2d, 128x128 tiles; E4M3 codes, float32 power-of-two scales, XLA only).
+    block_scale_search: None, or "4over6" for NVFP4 (each block scaled to 6 or to 4, whichever
+    reconstructs it with the smaller error by ``metric``, "mae" or "mse"; XLA only).
     impl: "xla", "pallas" (the same bits; interpreted on CPU) or "auto".
     tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
     shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
     """
     if resolve_impl(impl) == "xla":
         return quantize_xla(x, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
-                            scale_rule=scale_rule, tensor_amax=tensor_amax)
-    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+                            scale_rule=scale_rule, tensor_amax=tensor_amax,
+                            block_scale_search=block_scale_search, metric=metric)
+    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule, block_scale_search, metric)
     if fmt == "fp8_block":
         raise ValueError("fmt='fp8_block' has no Pallas quantization kernel; use impl='xla'")
+    if block_scale_search:
+        raise ValueError("block_scale_search='4over6' has no Pallas quantization kernel; use impl='xla'")
     if tensor_amax is not None:  # the kernels take their amax over what they are given
         raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
     x = jnp.asarray(x)

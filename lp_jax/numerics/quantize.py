@@ -18,11 +18,13 @@ import numpy as np
 from jax import lax
 
 from lp_jax.numerics import formats as F
+from lp_jax.numerics import four_over_six
 from lp_jax.numerics.manual_axes import tensor_amax as manual_tensor_amax
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 
 FORMATS = tuple(F.FORMAT_SPECS)
 ROUNDINGS = ("nearest", "stochastic")
+BLOCK_SCALE_SEARCHES = (None, "4over6")  # NVFP4: TE's 4/6 block scales (numerics.four_over_six)
 SCALE_RULES = ("rceil", "floor")
 MX_BLOCK = F.BLOCK_SIZES["mxfp8"]
 NVFP4_BLOCK = F.BLOCK_SIZES["nvfp4"]
@@ -42,7 +44,9 @@ class QuantizedTensor:
     ``data`` has the shape of the original tensor. ``scale.astype(float32)`` is the
     dequantization factor: ``()`` per tensor; for block formats the original shape with the
     blocked axis divided by the block size (rounded up), or both last axes for 16x16 tiles.
-    ``global_scale`` is NVFP4's float32 ``S_dec`` (None otherwise).
+    ``global_scale`` is NVFP4's float32 ``S_dec`` (None otherwise); with 4/6 block scales
+    it is fl(amax / 1536 as amax * fl(1/1536)) and ``tensor_amax`` holds the tensor amax
+    the decode uses (None for every other quantization).
     """
 
     data: jax.Array
@@ -51,6 +55,7 @@ class QuantizedTensor:
     fmt: str = dataclasses.field(metadata=dict(static=True))
     axis: int = dataclasses.field(metadata=dict(static=True))  # blocked axis (non-negative)
     block_2d: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    tensor_amax: jax.Array | None = None
 
     @property
     def shape(self):
@@ -321,8 +326,17 @@ def from_tiles(xt, r, c):
 # --------------------------------------------------------------------------- public API
 
 
-def check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
+def check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule, block_scale_search=None,
+                        metric="mae"):
     """One line (ValueError) for arguments ``lp_jax.quantize`` does not accept."""
+    if block_scale_search not in BLOCK_SCALE_SEARCHES:
+        raise ValueError(f"block_scale_search={block_scale_search!r} is not valid; expected one of "
+                         f"{BLOCK_SCALE_SEARCHES}")
+    if block_scale_search and fmt != "nvfp4":
+        raise ValueError(f"block_scale_search={block_scale_search!r} is only defined for fmt='nvfp4', "
+                         f"got fmt={fmt!r}")
+    if metric not in four_over_six.METRICS:
+        raise ValueError(f"metric={metric!r} is not valid; expected one of {four_over_six.METRICS}")
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is not a known format; expected one of {FORMATS}")
     dtype = getattr(x, "dtype", None)
@@ -350,14 +364,15 @@ def check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule):
 
 
 def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
-                 scale_rule="rceil", tensor_amax=None) -> QuantizedTensor:
+                 scale_rule="rceil", tensor_amax=None, block_scale_search=None,
+                 metric="mae") -> QuantizedTensor:
     """``lp_jax.quantize(x, fmt, axis, ..., impl="xla")``: the arguments are checked, then
     quantized by this module's block functions.
 
     tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
     shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
     """
-    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule)
+    check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule, block_scale_search, metric)
     x = jnp.asarray(x)
     ndim = x.ndim
     axis = axis % ndim if ndim else 0
@@ -371,6 +386,9 @@ def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=Non
         data_b, code = mxfp8_blocks(to_blocks(xf, axis, MX_BLOCK), scale_rule, block_amax(xf, axis, MX_BLOCK))
         data = from_blocks(data_b, axis, x.shape[axis])
         return QuantizedTensor(data, jnp.moveaxis(F.e8m0_from_code(code), -1, axis), None, fmt, axis)
+    if block_scale_search == "4over6":
+        return _quantize_nvfp4_4over6(xf, axis, block_2d, rounding, key, metric,
+                                      abs_max(xf) if tensor_amax is None else tensor_amax)
     s_enc = nvfp4_tensor_scale(abs_max(xf) if tensor_amax is None else tensor_amax)
     s_dec = F.recip(s_enc)  # may be a float32 subnormal: kept as bits, applied by F.mul
     if block_2d:
@@ -381,6 +399,21 @@ def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=Non
                                block_amax(xf, axis, NVFP4_BLOCK))
     data = from_blocks(data_b, axis, x.shape[axis])
     return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), s_dec, fmt, axis)
+
+
+def _quantize_nvfp4_4over6(xf, axis, block_2d, rounding, key, metric, amax_t) -> QuantizedTensor:
+    amax_t = amax_t.astype(jnp.float32)
+    g = four_over_six.global_scale(amax_t)
+    if block_2d:
+        r, c = xf.shape[-2:]
+        xt = to_tiles(xf)
+        s_b, enc = four_over_six.choose_scales(xt, abs_max(xt, axis=(-3, -1)), amax_t, True, metric)
+        data = from_tiles(nvfp4_encode(xt, enc[..., :, None, :, None], rounding, key), r, c)
+        return QuantizedTensor(data, s_b, g, "nvfp4", xf.ndim - 1, True, amax_t)
+    xb = to_blocks(xf, axis, NVFP4_BLOCK)
+    s_b, enc = four_over_six.choose_scales(xb, block_amax(xf, axis, NVFP4_BLOCK), amax_t, False, metric)
+    data = from_blocks(nvfp4_encode(xb, enc[..., None], rounding, key), axis, xf.shape[axis])
+    return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), g, "nvfp4", axis, False, amax_t)
 
 
 def as_quantizer_input(x):
@@ -407,9 +440,10 @@ def block_values(q: QuantizedTensor):
     return data * _per_element(q)
 
 
-def _per_element(q: QuantizedTensor):
-    """q's block scales (as float32) repeated to the shape of its data."""
-    scale, block, shape = q.scale.astype(jnp.float32), F.BLOCK_SIZES[q.fmt], q.data.shape
+def _per_element(q: QuantizedTensor, per_block=None):
+    """q's block scales (as float32), or another per-block array, repeated to the shape of its data."""
+    scale = q.scale.astype(jnp.float32) if per_block is None else per_block
+    block, shape = F.BLOCK_SIZES[q.fmt], q.data.shape
     if q.block_2d:
         return _expand(_expand(scale, scale.ndim - 2, block, shape[-2]), scale.ndim - 1, block, shape[-1])
     return _expand(scale, q.axis, block, shape[q.axis])
@@ -419,6 +453,8 @@ def dequantize(q: QuantizedTensor):
     """float32 values of ``q``, the shape of the original tensor."""
     if q.fmt in ("fp8_e4m3", "fp8_e5m2"):
         return F.mul(q.data.astype(jnp.float32), q.scale)
+    if q.tensor_amax is not None:  # 4/6 block scales: code x ((s x amax) x fl(1/1536))
+        return q.data.astype(jnp.float32) * _per_element(q, four_over_six.dequantize_factors(q.scale, q.tensor_amax))
     values = block_values(q)
     # NVFP4: q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
     return values if q.global_scale is None else F.mul(values, q.global_scale)
