@@ -42,6 +42,8 @@ class OperandSpec:
     rht: bool = False  # random Hadamard transform along the contraction axis first
     stochastic: bool = False  # stochastic rounding (NVFP4 gradients)
     scale_rule: str = "rceil"  # MXFP8 E8M0 rule: TE's "rceil" or OCP's "floor"
+    block_scale_search: str | None = None  # NVFP4: "4over6" (each block scaled to 6 or to 4)
+    metric: str = "mae"  # the 4/6 choice's reconstruction error: "mae" or "mse"
     quantize_impl: QuantizeImpl = "auto"  # the quantizer that makes it (lp_jax.quantize's impl)
 
 
@@ -226,17 +228,34 @@ class NVFP4BlockScaling(Recipe):
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
     disable_2d: bool = False
+    # 4/6 block scales (TE's nvfp4_4over6; docs/numerics.md): None (off, the default) or
+    # "4over6", on the weights, the activations (x, its RHT'd wgrad copy too) or all of them;
+    # never on gradients. The choice's error metric: "mae" (TE's default) or "mse".
+    block_scale_search: str | None = None
+    block_scale_search_on: str = "weights"
+    block_scale_search_metric: str = "mae"
 
     def _operands(self):
+        check_choice("block_scale_search", self.block_scale_search, (None, "4over6"))
+        check_choice("block_scale_search_on", self.block_scale_search_on, ("weights", "activations", "all"))
+        check_choice("block_scale_search_metric", self.block_scale_search_metric, ("mae", "mse"))
+        if self.block_scale_search and self.quantize_impl == "pallas":
+            raise ValueError("quantize_impl='pallas' cannot run block_scale_search='4over6' (no Pallas "
+                             "kernel chooses 4/6 scales); use 'xla' or 'auto'")
         sr = not self.disable_stochastic_rounding
         rht = not self.disable_rht
-        w = OperandSpec("nvfp4", block_2d=not self.disable_2d)
+        on = self.block_scale_search_on
+        search = lambda applies: (dict(block_scale_search=self.block_scale_search,  # noqa: E731
+                                       metric=self.block_scale_search_metric)
+                                  if self.block_scale_search and applies else {})
+        w = OperandSpec("nvfp4", block_2d=not self.disable_2d, **search(on in ("weights", "all")))
+        x = search(on in ("activations", "all"))
         return dict(
-            fprop_x=OperandSpec("nvfp4"),
+            fprop_x=OperandSpec("nvfp4", **x),
             fprop_w=w,
             dgrad_dy=OperandSpec("nvfp4", stochastic=sr),
             dgrad_w=w,
-            wgrad_x=OperandSpec("nvfp4", rht=rht),
+            wgrad_x=OperandSpec("nvfp4", rht=rht, **x),
             wgrad_dy=OperandSpec("nvfp4", rht=rht, stochastic=sr),
         )
 

@@ -49,6 +49,24 @@ def test_fp8_block_operands_rows_and_weight_tiles():
         lp.get_recipe("fp8_block", quantize_impl="pallas")
 
 
+def test_nvfp4_4over6_on_weights_activations_or_all_never_gradients():
+    assert lp.get_recipe("nvfp4").fprop_w.block_scale_search is None  # off by default
+    fields = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")
+    for on, searched in (("weights", {"fprop_w", "dgrad_w"}), ("activations", {"fprop_x", "wgrad_x"}),
+                         ("all", {"fprop_w", "dgrad_w", "fprop_x", "wgrad_x"})):
+        r = lp.get_recipe("nvfp4", block_scale_search="4over6", block_scale_search_on=on,
+                          block_scale_search_metric="mse")
+        assert {f for f in fields if getattr(r, f).block_scale_search == "4over6"} == searched
+        assert all(getattr(r, f).metric == "mse" for f in searched)
+        assert r.wgrad_x.rht  # the RHT'd copy is chosen after the transform
+    for kwargs, match in ((dict(block_scale_search="4/6"), "block_scale_search='4/6' is not valid"),
+                          (dict(block_scale_search="4over6", block_scale_search_on="grads"), "not valid"),
+                          (dict(block_scale_search="4over6", block_scale_search_metric="max"), "not valid"),
+                          (dict(block_scale_search="4over6", quantize_impl="pallas"), "no Pallas")):
+        with pytest.raises(ValueError, match=match):
+            lp.get_recipe("nvfp4", **kwargs)
+
+
 def test_nvfp4_operands_and_ablations():
     r = lp.get_recipe("nvfp4")
     assert r.fprop_w.block_2d and r.dgrad_w == r.fprop_w

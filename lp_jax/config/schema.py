@@ -16,8 +16,9 @@ from typing import Optional
 class PrecisionConfig:
     """Which precision recipe runs the quantizable Linears (lp_jax.get_recipe)."""
 
-    # bf16 | fp8_cs | mxfp8 | nvfp4, or Megatron Bridge's names (bf16_mixed,
-    # bf16_with_fp8_current_scaling_mixed, bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed).
+    # bf16 | fp8_cs | fp8_block | mxfp8 | nvfp4, or Megatron Bridge's names (bf16_mixed,
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed,
+    # bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed).
     recipe: str = "bf16"
     # FiLj: the first i and last j transformer layers stay in BF16. None keeps the recipe's
     # default (FP8-CS F1L1, MXFP8 F0L0, NVFP4 F0L4).
@@ -32,6 +33,12 @@ class PrecisionConfig:
     disable_rht: Optional[bool] = None
     disable_stochastic_rounding: Optional[bool] = None
     disable_2d: Optional[bool] = None
+    # NVFP4 with 4/6 block scales (docs/numerics.md): block_scale_search: 4over6 on
+    # block_scale_search_on (weights | activations | all), by block_scale_search_metric
+    # (mae | mse). None keeps the recipe default: off, weights, mae.
+    block_scale_search: Optional[str] = None
+    block_scale_search_on: Optional[str] = None
+    block_scale_search_metric: Optional[str] = None
     # GEMM backend of the quantized GEMMs (docs/backends.md): auto (chosen when the step is
     # compiled: for CUDA cuBLASLt FP8 GEMMs for fp8_cs and cuDNN block-scaled GEMMs for mxfp8
     # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4).

@@ -72,12 +72,16 @@ def transformed(t, spec: OperandSpec, axis: int):
 
 
 def quantize_kwargs(spec: OperandSpec, key=None) -> dict:
-    return dict(block_2d=spec.block_2d, scale_rule=spec.scale_rule, **_rounding(spec, key))
+    search = (dict(block_scale_search=spec.block_scale_search, metric=spec.metric)
+              if spec.block_scale_search else {})
+    return dict(block_2d=spec.block_2d, scale_rule=spec.scale_rule, **search, **_rounding(spec, key))
 
 
 def uses_pallas(spec: OperandSpec) -> bool:
-    """Whether spec's copies come from the Pallas kernels (``lp_jax.kernels``; the same bits)."""
-    return spec.fmt is not None and resolve_impl(spec.quantize_impl) == "pallas"
+    """Whether spec's copies come from the Pallas kernels (``lp_jax.kernels``; the same bits).
+    Never for 4/6 block scales, which only XLA quantizes."""
+    return (spec.fmt is not None and not spec.block_scale_search
+            and resolve_impl(spec.quantize_impl) == "pallas")
 
 
 def operand(t, spec: OperandSpec, axis: int, key=None):
@@ -130,7 +134,8 @@ def decoded(p: Pending):
     except NVFP4 1-D blocks along the first axis of a 2-D operand (the wgrad's dy), which stay
     in place: the GEMM reads them as they are, and moving them would cost a transposed pass."""
     t = transformed(p.t, p.spec, p.axis)
-    if p.spec.fmt == "nvfp4" and not p.spec.block_2d and t.ndim == 2 and p.axis == 0:
+    if p.spec.fmt == "nvfp4" and not (p.spec.block_2d or p.spec.block_scale_search) and t.ndim == 2 \
+            and p.axis == 0:
         values, factor = nvfp4_values_in_place(t, **_rounding(p.spec, p.key))
         return Decoded(values.astype(t.dtype), factor, axis=0)
     values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))

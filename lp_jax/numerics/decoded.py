@@ -29,6 +29,7 @@ from lp_jax.numerics.quantize import (
     nvfp4_tensor_scale,
     quantize_fp8_block,
     quantize_per_tensor,
+    quantize_xla,
     to_blocks,
     to_blocks_in_place,
     to_tiles,
@@ -95,7 +96,13 @@ def nvfp4_values_in_place(t, rounding="nearest", key=None):
     return values, F.recip(s_enc)
 
 
-def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil"):
+def quantized_values(t, fmt, axis, *, block_2d=False, rounding="nearest", key=None, scale_rule="rceil",
+                     block_scale_search=None, metric="mae"):
+    if block_scale_search:  # NVFP4 4/6: its values over the tensor factor the GEMM applies
+        q = quantize_xla(t, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
+                         block_scale_search=block_scale_search, metric=metric)
+        q = dataclasses.replace(q, data=lax.optimization_barrier(q.data))
+        return jnp.moveaxis(block_values(q), axis, -1), q.global_scale
     if fmt in F.PER_TENSOR_FORMATS:
         return per_tensor_values(t, F.FORMAT_SPECS[fmt].element, axis)
     if fmt == "fp8_block":

@@ -454,7 +454,8 @@ def dequantize(q: QuantizedTensor):
     if q.fmt in ("fp8_e4m3", "fp8_e5m2"):
         return F.mul(q.data.astype(jnp.float32), q.scale)
     if q.tensor_amax is not None:  # 4/6 block scales: code x ((s x amax) x fl(1/1536))
-        return q.data.astype(jnp.float32) * _per_element(q, four_over_six.dequantize_factors(q.scale, q.tensor_amax))
+        factors = four_over_six.dequantize_factors(q.scale, q.tensor_amax)
+        return q.data.astype(jnp.float32) * _per_element(q, factors)
     values = block_values(q)
     # NVFP4: q * s_b is exact; S_dec last, as the GEMM applies it after accumulation.
     return values if q.global_scale is None else F.mul(values, q.global_scale)

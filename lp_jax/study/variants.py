@@ -53,13 +53,17 @@ class Variant:
 
 
 def parse_precisions(text: str) -> list[Variant]:
-    """`bf16,fp8_cs,mxfp8,nvfp4[:FiLj]` -> variants, in the order given."""
+    """`bf16,fp8_cs,mxfp8,nvfp4[:FiLj]` -> variants, in the order given; `nvfp4:4over6`
+    (`nvfp4:4over6:F0L1`) is NVFP4 with 4/6 block scales on its weights."""
     variants, seen = [], set()
     for item in (t.strip() for t in text.split(",")):
         if not item:
             continue
         recipe, _, policy = item.partition(":")
         recipe = recipe.lower()
+        four_over_six = recipe == "nvfp4" and policy.lower().split(":")[0] == "4over6"
+        if four_over_six:
+            policy = policy.partition(":")[2]
         if recipe not in RECIPES:
             raise UserError(f"--precisions: unknown precision {recipe!r}; allowed: "
                             f"{', '.join(RECIPES)} (optionally with a policy, e.g. nvfp4:F0L1)")
@@ -71,6 +75,9 @@ def parse_precisions(text: str) -> list[Variant]:
                                 "expected FiLj, e.g. F0L1")
             overrides = {"first_bf16_layers": int(match[1]), "last_bf16_layers": int(match[2])}
             name, label = f"{recipe}_{policy.lower()}", f"{label} {policy.upper()}"
+        if four_over_six:
+            overrides = {**overrides, "block_scale_search": "4over6"}
+            name, label = name.replace("nvfp4", "nvfp4_4over6", 1), label.replace("NVFP4", "NVFP4 4/6", 1)
         if name in seen:
             raise UserError(f"--precisions: {item!r} is listed twice")
         seen.add(name)

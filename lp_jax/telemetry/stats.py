@@ -17,6 +17,7 @@ from jax import lax
 
 from lp_jax.gemm.operands import transformed
 from lp_jax.numerics import formats as F
+from lp_jax.numerics import four_over_six
 from lp_jax.numerics.quantize import (
     FP8_BLOCK,
     MX_BLOCK,
@@ -151,7 +152,7 @@ def _fp8_block(t, axis, block_2d):
     return _Blocked(xb, stored, stored == 0, deq, amax, _floor_log2(scale_inv), at_limit, block_axis)
 
 
-def _nvfp4(t, axis, block_2d, rounding, key):
+def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
     if block_2d:
         xb, amax_axes, block_axis = to_tiles(t), (-3, -1), -1
         expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
@@ -159,14 +160,21 @@ def _nvfp4(t, axis, block_2d, rounding, key):
         xb, layout = _Layout.of(t, axis, NVFP4_BLOCK)
         amax_axes, block_axis, expand = layout.axis, layout.axis, layout.expand
     amax = abs_max(xb, axis=amax_axes)
-    s_enc = nvfp4_tensor_scale(abs_max(amax))  # the tensor's amax, from its blocks' (the same bits)
-    s_b, enc = nvfp4_block_encoding(amax, s_enc)
+    amax_t = abs_max(amax)  # the tensor's amax, from its blocks' (the same bits)
+    if search:  # 4/6 block scales, chosen as the quantizer chooses them
+        s_b, enc = four_over_six.choose_scales(xb, amax, amax_t, block_2d, metric)
+    else:
+        s_enc = nvfp4_tensor_scale(amax_t)
+        s_b, enc = nvfp4_block_encoding(amax, s_enc)
     stored = _written_once(nvfp4_encode_values(xb, expand(enc), rounding, key))
+    if search:
+        deq = stored * expand(four_over_six.dequantize_factors(s_b, amax_t))
     s_b = s_b.astype(jnp.float32)
     block_values = stored * expand(s_b)  # q * s_b, exact: both factors are at least 2^-10
+    if not search:
+        deq = F.mul(block_values, F.recip(s_enc))
     exponent = jnp.where(s_b > 0, _floor_log2(jnp.where(s_b > 0, s_b, 1)), jnp.nan)
-    return _Blocked(xb, stored, block_values == 0, F.mul(block_values, F.recip(s_enc)), amax,
-                    exponent, s_b < E4M3_MIN_NORMAL, block_axis)
+    return _Blocked(xb, stored, block_values == 0, deq, amax, exponent, s_b < E4M3_MIN_NORMAL, block_axis)
 
 
 def _blocked(t, spec, axis, key):
@@ -179,7 +187,8 @@ def _blocked(t, spec, axis, key):
     rounding = "stochastic" if spec.stochastic else "nearest"
     if spec.stochastic and key is None:
         raise ValueError("operand_stats: a stochastically rounded operand needs key=")
-    return _nvfp4(t, axis, spec.block_2d, rounding, key if spec.stochastic else None)
+    return _nvfp4(t, axis, spec.block_2d, rounding, key if spec.stochastic else None,
+                  spec.block_scale_search, spec.metric)
 
 
 def operand_stats(t, spec, axis: int, key=None):

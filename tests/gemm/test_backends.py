@@ -29,6 +29,7 @@ RECIPES = {
     "nvfp4": lp.get_recipe("nvfp4"),  # stochastic rounding on
     "nvfp4_no_sr": lp.get_recipe("nvfp4", disable_stochastic_rounding=True),
     "nvfp4_1d_no_rht": lp.get_recipe("nvfp4", disable_2d=True, disable_rht=True),
+    "nvfp4_4over6": lp.get_recipe("nvfp4", block_scale_search="4over6", block_scale_search_on="all"),
 }
 # x [..., K] x W [K, N]: K not a multiple of 32 or 16, M (all leading axes) not a multiple of
 # 128 (50, and 130 > 128), N not a multiple of 16 (dgrad contracts over it), leading axes.

@@ -35,7 +35,8 @@ def _qdq(t, spec, axis, key=None):
         return t.astype(jnp.float32)
     q = lp.quantize(t, spec.fmt, axis=axis, block_2d=spec.block_2d,
                     rounding="stochastic" if spec.stochastic else "nearest",
-                    key=key, scale_rule=spec.scale_rule)
+                    key=key, scale_rule=spec.scale_rule, block_scale_search=spec.block_scale_search,
+                    metric=spec.metric)
     return lp.dequantize(q)
 
 
@@ -66,6 +67,11 @@ NO_SR = {
     "nvfp4_no_sr": lp.get_recipe("nvfp4", disable_stochastic_rounding=True),
     "nvfp4_no_sr_no_rht_1d": lp.get_recipe("nvfp4", disable_stochastic_rounding=True,
                                           disable_rht=True, disable_2d=True),
+    "nvfp4_4over6_all_no_sr": lp.get_recipe("nvfp4", disable_stochastic_rounding=True,
+                                           block_scale_search="4over6", block_scale_search_on="all"),
+    "nvfp4_4over6_mse_1d_no_rht": lp.get_recipe("nvfp4", disable_stochastic_rounding=True, disable_rht=True,
+                                               disable_2d=True, block_scale_search="4over6",
+                                               block_scale_search_on="all", block_scale_search_metric="mse"),
 }
 
 

@@ -23,6 +23,12 @@ def test_precisions_parse_with_policies_and_reject_bad_lists():
     assert variants[2].precision == {"first_bf16_layers": 0, "last_bf16_layers": 1}
     block = parse_precisions("bf16,fp8_block")[1]
     assert (block.name, block.recipe, block.label) == ("fp8_block", "fp8_block", "FP8 block")
+    four, four_f0l1 = parse_precisions("bf16,nvfp4:4over6,nvfp4:4over6:F0L1")[1:]
+    assert (four.name, four.label) == ("nvfp4_4over6", "NVFP4 4/6")
+    assert four.precision == {"block_scale_search": "4over6"}
+    assert (four_f0l1.name, four_f0l1.label) == ("nvfp4_4over6_f0l1", "NVFP4 4/6 F0L1")
+    assert four_f0l1.precision == {"first_bf16_layers": 0, "last_bf16_layers": 1,
+                                   "block_scale_search": "4over6"}
     for bad, match in (("bf16,fp4", "unknown precision 'fp4'"), ("fp8_cs,mxfp8", "must include bf16"),
                        ("bf16,nvfp4:X1", "bad layer policy"), ("bf16,bf16", "listed twice")):
         with pytest.raises(UserError, match=match):

@@ -17,7 +17,11 @@ from lp_jax.training.validate import resolve
 # A few stdlib packages as text: real code, tokenized in a second.
 TEXT = [os.path.join(sysconfig.get_paths()["stdlib"], p) for p in ("json/*.py", "email/*.py")]
 # NVFP4's default F0L4 would leave a 4-layer model all BF16: quantize all but the last layer.
-RECIPES = {"bf16": [], "fp8_cs": [], "fp8_block": [], "mxfp8": [], "nvfp4": ["precision.last_bf16_layers=1"]}
+# run name: its precision overrides
+RECIPES = {r: [f"precision={r}"] for r in ("bf16", "fp8_cs", "fp8_block", "mxfp8")}
+RECIPES["nvfp4"] = ["precision=nvfp4", "precision.last_bf16_layers=1"]
+RECIPES["nvfp4_4over6"] = [*RECIPES["nvfp4"], "precision.block_scale_search=4over6",
+                           "precision.block_scale_search_on=all"]
 
 
 def tiny(run_dir, cache, *overrides):
@@ -37,7 +41,7 @@ def losses(run_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_each_recipe_trains_and_resumes_bit_exactly(recipe, tmp_path, token_cache):
-    extra = [f"precision={recipe}", *RECIPES[recipe]]
+    extra = RECIPES[recipe]
     straight = run(resolve(tiny(tmp_path / "a", token_cache, *extra)))
     first = run(resolve(tiny(tmp_path / "b", token_cache, *extra, "stop_at=10")))
     assert first.step == 10 and first.stopped_early
