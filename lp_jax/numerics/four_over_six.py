@@ -57,8 +57,6 @@ def choose_scales(xb, amax_b, amax_t, tiles: bool, metric: str = "mae"):
     xb: float32 or bf16 [..., n, 16] (1-D blocks, amax_b [..., n]) or [..., R, 16, C, 16]
     (tiles, amax_b [..., R, C]); amax_t the tensor amax. The encode factor is the chosen
     candidate's min(1 / (s * S_dec), FLT_MAX)."""
-    from lp_jax.numerics.quantize import nvfp4_encode_values  # the same E2M1 rounding
-
     expand = (lambda a: a[..., :, None, :, None]) if tiles else (lambda a: a[..., None])
     x = xb.astype(jnp.float32)
     amax_t = amax_t.astype(jnp.float32)
@@ -73,7 +71,8 @@ def choose_scales(xb, amax_b, amax_t, tiles: bool, metric: str = "mae"):
     for s in (s6, s4):
         sv = s.astype(jnp.float32)
         enc = lax.optimization_barrier(F.nvfp4_encode_factor(sv, s_dec))
-        q = nvfp4_encode_values(x, expand(enc))
+        # NVFP4's encoding (quantize.nvfp4_encode_values) of the candidate, nearest
+        q = F.e2m1_round_values(jnp.clip(x * expand(enc), -F.E2M1_MAX, F.E2M1_MAX))
         val = ((q * expand(sv)) * amax_t) / DENOM
         diff = val - x
         d = jnp.abs(diff) if metric == "mae" else diff * diff
