@@ -60,8 +60,9 @@ def choose_scales(xb, amax_b, amax_t, tiles: bool, metric: str = "mae"):
     expand = (lambda a: a[..., :, None, :, None]) if tiles else (lambda a: a[..., None])
     x = xb.astype(jnp.float32)
     amax_t = amax_t.astype(jnp.float32)
-    s_dec = F.recip(tensor_scale(amax_t))
-    base = (amax_b.astype(jnp.float32) / np.float32(6)) * tensor_scale(amax_t)
+    s_enc = tensor_scale(amax_t)
+    s_dec = F.recip(s_enc)
+    base = (amax_b.astype(jnp.float32) / np.float32(6)) * s_enc
     s6 = F.cast_satfinite(jnp.minimum(base, np.float32(F.E4M3_MAX)), F.E4M3)
     s4 = F.cast_satfinite(jnp.minimum(np.float32(1.5) * base, np.float32(F.E4M3_MAX)), F.E4M3)
     # Materialized per block: the E4M3 rounding must survive (excess precision on GPU would

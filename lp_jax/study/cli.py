@@ -35,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                "docs/study.md describes the report.")
     p.add_argument("--config", required=True, help="YAML run config (as for train.py)")
     p.add_argument("--precisions", default=DEFAULT_PRECISIONS,
-                   help="comma-separated bf16, fp8_cs, mxfp8, nvfp4, each optionally with a "
-                        "layer policy (nvfp4:F0L1); must include bf16 (default %(default)s)")
+                   help="comma-separated bf16, fp8_cs, fp8_block, mxfp8, nvfp4, each optionally "
+                        "with a layer policy (nvfp4:F0L1); nvfp4:4over6 for 4/6 block scales "
+                        "(nvfp4:4over6:F0L1); must include bf16 (default %(default)s)")
     p.add_argument("--ablations", action="store_true",
                    help="add NVFP4 with F0L0, without RHT, without stochastic rounding, "
                         "without 2D weight blocks")

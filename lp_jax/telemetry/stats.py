@@ -134,13 +134,17 @@ def _mxfp8(t, axis, scale_rule):
                     layout.axis)
 
 
-def _fp8_block(t, axis, block_2d):
+def _block_layout(t, axis, block, block_2d):
+    """(blocked t, its amax axes, the block axis, per-block -> per-element broadcast): 1-D
+    blocks along ``axis`` in t's own order (``_Layout``), or block x block tiles."""
     if block_2d:
-        xb, amax_axes, block_axis = to_tiles(t, FP8_BLOCK), (-3, -1), -1
-        expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
-    else:
-        xb, layout = _Layout.of(t, axis, FP8_BLOCK)
-        amax_axes, block_axis, expand = layout.axis, layout.axis, layout.expand
+        return to_tiles(t, block), (-3, -1), -1, lambda per_block: per_block[..., :, None, :, None]
+    xb, layout = _Layout.of(t, axis, block)
+    return xb, layout.axis, layout.axis, layout.expand
+
+
+def _fp8_block(t, axis, block_2d):
+    xb, amax_axes, block_axis, expand = _block_layout(t, axis, FP8_BLOCK, block_2d)
     # The scale ignores NaN elements (as the quantizer does); the statistics' block amax
     # keeps them, so a block holding a NaN counts as unused, as in the other formats.
     amax = abs_max(xb, axis=amax_axes)
@@ -153,12 +157,7 @@ def _fp8_block(t, axis, block_2d):
 
 
 def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
-    if block_2d:
-        xb, amax_axes, block_axis = to_tiles(t), (-3, -1), -1
-        expand = lambda per_block: per_block[..., :, None, :, None]  # noqa: E731
-    else:
-        xb, layout = _Layout.of(t, axis, NVFP4_BLOCK)
-        amax_axes, block_axis, expand = layout.axis, layout.axis, layout.expand
+    xb, amax_axes, block_axis, expand = _block_layout(t, axis, NVFP4_BLOCK, block_2d)
     amax = abs_max(xb, axis=amax_axes)
     amax_t = abs_max(amax)  # the tensor's amax, from its blocks' (the same bits)
     if search:  # 4/6 block scales, chosen as the quantizer chooses them
@@ -167,12 +166,10 @@ def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
         s_enc = nvfp4_tensor_scale(amax_t)
         s_b, enc = nvfp4_block_encoding(amax, s_enc)
     stored = _written_once(nvfp4_encode_values(xb, expand(enc), rounding, key))
-    if search:
-        deq = stored * expand(four_over_six.dequantize_factors(s_b, amax_t))
     s_b = s_b.astype(jnp.float32)
     block_values = stored * expand(s_b)  # q * s_b, exact: both factors are at least 2^-10
-    if not search:
-        deq = F.mul(block_values, F.recip(s_enc))
+    deq = (stored * expand(four_over_six.dequantize_factors(s_b, amax_t)) if search
+           else F.mul(block_values, F.recip(s_enc)))
     exponent = jnp.where(s_b > 0, _floor_log2(jnp.where(s_b > 0, s_b, 1)), jnp.nan)
     return _Blocked(xb, stored, block_values == 0, deq, amax, exponent, s_b < E4M3_MIN_NORMAL, block_axis)
 
@@ -212,7 +209,8 @@ def operand_stats(t, spec, axis: int, key=None):
     n1, n2 = F.exp2_factors(-jnp.where(largest > 0, _floor_log2(largest), 0).astype(jnp.int32))
     norm = lambda v: v * n1 * n2  # noqa: E731
     n_nonzero, n_underflow, n_saturated, n_lost = _counts(
-        b.block_axis, nonzero, kept & b.zero, kept & (jnp.abs(b.stored) == fmax), finite & ~jnp.isfinite(b.deq))
+        b.block_axis, nonzero, kept & b.zero, kept & (jnp.abs(b.stored) == fmax),
+        finite & ~jnp.isfinite(b.deq))
     signal, noise = _sums(
         b.block_axis,
         # Each side scaled before the difference: a difference of tiny values would be a
