@@ -16,15 +16,17 @@ import re
 from typing import ClassVar, Literal
 
 Format = Literal["fp8_e4m3", "fp8_e5m2", "fp8_block", "mxfp8", "nvfp4"]
-Backend = Literal["auto", "reference", "xla_fp8", "cudnn"]
+Backend = Literal["auto", "reference", "xla_fp8", "cudnn", "wgmma"]
 QuantizeImpl = Literal["xla", "pallas", "auto"]
 PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
 BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "mxfp8", "nvfp4")
-BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn")
+BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn", "wgmma")
 QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
 # The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
 # per-tensor scales, cuDNN's block-scaled GEMM for block formats (docs/backends.md).
 NATIVE_BACKEND = {"per_tensor": "xla_fp8", "block": "cudnn"}
+# Hopper has no block-scaled MMA; where cuDNN's block-scaled GEMM would be expanded into
+# dequantize + BF16 dot, a recipe may name its own Hopper GEMM (sm_90 only).
 
 
 def check_choice(name: str, value, choices: tuple) -> None:
@@ -57,6 +59,8 @@ class Recipe:
     name: ClassVar[str] = "bf16"
     # The tensor-core type its GEMMs run on ("bf16" | "fp8" | "fp4"): which peak an MFU uses.
     gemm_dtype: ClassVar[str] = "bf16"
+    # The recipe's GEMM on Hopper (sm_90) where it has one of its own ("auto" picks it there).
+    hopper_backend: ClassVar[str | None] = None
     # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
     first_bf16_layers: int = 0
     last_bf16_layers: int = 0
@@ -64,7 +68,8 @@ class Recipe:
     # no FiLj fits): a layer is BF16 if FiLj or this list says so. Stored sorted, unique.
     bf16_layers: tuple[int, ...] = ()
     # GEMM implementation of the quantized GEMMs: "auto" (decided per platform when the program
-    # is lowered), "reference", "xla_fp8" (FP8-CS) or "cudnn" (MXFP8, NVFP4); docs/backends.md.
+    # is lowered), "reference", "xla_fp8" (FP8-CS), "cudnn" (block formats) or "wgmma" (FP8
+    # block scaling on Hopper: a Pallas Mosaic GPU kernel); docs/backends.md.
     # One that does not fit the recipe, or cannot run where the program is lowered, raises.
     backend: Backend = "auto"
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
@@ -114,14 +119,23 @@ class Recipe:
             raise ValueError(f"recipe {self.name!r} mixes per-tensor and block formats: no backend runs it")
         return NATIVE_BACKEND[kinds.pop()]
 
+    @property
+    def native_backends(self) -> tuple[str, ...]:
+        """Every backend built for this recipe's GEMMs: the native one, then its Hopper GEMM
+        if it has one (``hopper_backend``)."""
+        native = self.native_backend
+        if native is None:
+            return ()
+        return (native,) + ((self.hopper_backend,) if self.hopper_backend else ())
+
     def _check_backend(self) -> None:
         """One line if ``backend`` is unknown or cannot run the recipe's formats."""
         check_choice("backend", self.backend, BACKENDS)
         native = self.native_backend
-        if self.backend in ("auto", "reference") or native is None or self.backend == native:
+        if self.backend in ("auto", "reference") or native is None or self.backend in self.native_backends:
             return
         raise ValueError(f"backend={self.backend!r} cannot run recipe {self.name!r}: its GEMMs run on "
-                         f"'auto', 'reference' or {native!r}")
+                         f"'auto', 'reference' or {' or '.join(map(repr, self.native_backends))}")
 
     def operand_specs(self) -> tuple[OperandSpec, ...]:
         return tuple(getattr(self, f) for f in OPERAND_FIELDS)
@@ -185,6 +199,7 @@ class Float8BlockScaling(Recipe):
 
     name: ClassVar[str] = "fp8_block"
     gemm_dtype: ClassVar[str] = "fp8"
+    hopper_backend: ClassVar[str | None] = "wgmma"
 
     def _operands(self):
         if self.quantize_impl == "pallas":

@@ -1,9 +1,11 @@
 """Which GEMM implementation runs a recipe's quantized GEMMs, chosen when the program is lowered.
 
 "reference" (any platform: the definition, ``lp_jax.gemm.operands``), "xla_fp8" (per-tensor
-FP8), "cudnn" (MXFP8, NVFP4), or "auto" (the default): per GEMM, ``lax.platform_dependent``
-picks the recipe's native backend when the program is lowered for CUDA and "reference" for
-anything else (docs/backends.md). Every backend multiplies the same quantized values; only
+FP8), "cudnn" (block formats), "wgmma" (FP8 block scaling on Hopper), or "auto" (the
+default): per GEMM, ``lax.platform_dependent`` picks the recipe's native backend when the
+program is lowered for CUDA and "reference" for anything else; on Hopper (the process's GPU,
+or the GPU a deviceless compile targets, ``cuda_target``) a recipe's own Hopper GEMM is its
+native one (docs/backends.md). Every backend multiplies the same quantized values; only
 the GEMM differs. A forced backend that does not fit the recipe raises when the recipe is
 made (``Recipe.native_backend``); one that cannot run on the platform a program is lowered
 for raises one line while lowering (``_platform_guard``). Neither ever falls back silently.
@@ -15,15 +17,19 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from lp_jax.gemm import cudnn, operands, xla_fp8
+from lp_jax.gemm import cudnn, operands, wgmma, xla_fp8
+from lp_jax.gemm.cuda_target import cuda_major, cuda_target  # noqa: F401  (cuda_target re-exported)
 from lp_jax.recipes import BACKENDS, Recipe  # noqa: F401  (BACKENDS: the names, re-exported)
 
 # Each backend's GEMM; the module named says what it computes.
-_IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot}
+_IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot,
+          "wgmma": wgmma.scaled_dot}
 # Platforms a forced backend lowers on. cpu is where JAX executes both natively-typed paths
 # (tests compare them with reference there); CUDA is what they are for. Others (ROCm, TPU)
 # would need their own checks first, so they are refused rather than silently emulated.
-PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cuda")}
+# "wgmma" on cpu is Pallas's GPU interpreter (for tests: seconds per GEMM).
+PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cuda"),
+             "wgmma": ("cpu", "cuda")}
 AUTO_PLATFORM = "cuda"  # where "auto" picks the native backend; reference everywhere else
 
 
@@ -33,12 +39,21 @@ def resolved(recipe: Recipe) -> str:
     return recipe.backend if recipe.native_backend else "reference"
 
 
+def cuda_native(recipe: Recipe, partitioned: bool = False) -> str | None:
+    """The backend "auto" runs ``recipe``'s GEMMs on when lowered for CUDA: its Hopper GEMM on
+    sm_90 where the GEMM's operands are not partitioned (it has no partitioning rule), its
+    native backend anywhere else."""
+    if recipe.hopper_backend and recipe.native_backend and cuda_major() == 9 and not partitioned:
+        return recipe.hopper_backend
+    return recipe.native_backend
+
+
 def backend_on(recipe: Recipe, platform: str) -> str:
     """The backend ``recipe``'s quantized GEMMs use in a program lowered for ``platform``
     ("cpu", "cuda", "rocm", "tpu"): what the run log and SwapReport print."""
     backend = resolved(recipe)
     if backend == "auto":
-        return recipe.native_backend if platform == AUTO_PLATFORM else "reference"
+        return cuda_native(recipe) if platform == AUTO_PLATFORM else "reference"
     return backend
 
 

@@ -59,7 +59,7 @@ def _as_mx_scales(scales, k):
     return F.e8m0_from_code(jnp.repeat(codes, per, axis=1)[:, :-(-k // MX_BLOCK)])
 
 
-def _blocks(p, axis: int):
+def block_operand(p, axis: int):
     """(data [rows, K], block scales [rows, K / block], tensor factor or None) of operand p
     contracted over its ``axis``, the contraction last."""
     if isinstance(p, Pending) and uses_pallas(p.spec):
@@ -102,8 +102,8 @@ def _padded(data, scales, block):
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     """a x b over ``contracting`` in one block-scaled GEMM (FP32 accumulation), in out_dtype."""
     (ca,), (cb,) = contracting
-    ad, as_, fa = _blocks(a, ca)
-    bd, bs, fb = _blocks(b, cb)
+    ad, as_, fa = block_operand(a, ca)
+    bd, bs, fb = block_operand(b, cb)
     if as_.dtype == jnp.float32:  # FP8 block scaling, both operands
         as_, bs = _as_mx_scales(as_, ad.shape[1]), _as_mx_scales(bs, bd.shape[1])
     block = _BLOCK_OF[jnp.dtype(ad.dtype)]

@@ -43,6 +43,12 @@ class LinearLayout:
             raise ValueError(f"tp_reduce_dtype={self.tp_reduce_dtype!r} is invalid: choose one of "
                              f"{', '.join(TP_REDUCE_DTYPES)}")
 
+    @property
+    def partitioned(self) -> bool:
+        """The mesh splits more than the batch: XLA partitions the GEMMs' operands (inside
+        the trainer's data shard_map, data and size-1 axes are manual: local arrays)."""
+        return any(n > 1 for axis, n in self.mesh_shape.items() if axis != "data")
+
     def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None:
         """The kernel's mesh layout when the GEMM all-gathers its quantized bytes, else None."""
         if not (recipe.quantized and recipe.param_gather) or self.mesh_shape.get("fsdp", 1) <= 1 \

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.experimental import topologies
 
 import lp_jax
+from lp_jax.gemm.cuda_target import cuda_target
 from lp_jax.kernels.launch import compiled_kernels
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
@@ -78,7 +79,7 @@ def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
              for k, dtype in BATCH_KEYS}
     start = time.perf_counter()
     # Traced for CUDA: Pallas kernels compiled by Mosaic GPU, not interpreted as on this CPU.
-    with compiled_kernels(), cudnn_sees(gpu):
+    with compiled_kernels(), cudnn_sees(gpu), cuda_target(gpu.compute_capability):
         lowered = jitted_train_step(spec, state).trace(graphdef, spec, state, batch).lower()
     compiled = lowered.compile()
     return CompiledStep(compiled, compiled.as_text(),

@@ -30,8 +30,9 @@ NOT_KERNELS = frozenset({
 # the next kernels) is a fusion-start / fusion-done pair: the start is the kernel.
 FUSIONS = ("fusion", "fusion-start")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-GEMM_LIBRARIES = ("cudnn_block_scaled", "cublaslt_fp8", "cublas", "triton", "cudnn_fusion",
+GEMM_LIBRARIES = ("cudnn_block_scaled", "pallas_wgmma", "cublaslt_fp8", "cublas", "triton", "cudnn_fusion",
                   "cudnn_attention", "xla")
+FP8_BLOCK_GEMM_SCOPE = "lp_jax_fp8_block_gemm"  # lp_jax.kernels.fp8_block_gemm.SCOPE
 _CUSTOM_GEMMS = {"__cudnn$blockScaledDot": "cudnn_block_scaled", "__cublas$lt$matmul$f8": "cublaslt_fp8",
                  "__cublas$lt$matmul": "cublas", "__cublas$gemm": "cublas"}
 _OPERAND_TYPES = {"f8e4m3fn": "fp8", "f8e5m2": "fp8", "f4e2m1fn": "fp4", "bf16": "bf16", "f16": "bf16",
@@ -225,6 +226,10 @@ def _gemm(module: Module, instr: Instruction) -> tuple[str | None, str | None, f
             return _CUSTOM_GEMMS[target], operand_type, _custom_gemm_flops(module, instr, target)
         if target.startswith("__cudnn$fmha"):
             return "cudnn_attention", operand_type, _attention_flops(module, instr, target)
+        if target.startswith("mosaic_gpu") and FP8_BLOCK_GEMM_SCOPE in instr.attrs:
+            # lp_jax's Hopper FP8 block GEMM: a [M, K] (E4M3), ..., out [M, N] (FP32)
+            out, lhs = _dims(instr.shape), _dims(module.operand_shape(instr.operands[0]))
+            return "pallas_wgmma", "fp8", 2.0 * math.prod(out) * (lhs[-1] if lhs else 0)
         return None, None, 0.0
     if instr.opcode == "dot":
         return "xla", _OPERAND_TYPES.get(_element(module.operand_shape(instr.operands[0]))), _dot_flops(module, instr)

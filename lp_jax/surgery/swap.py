@@ -136,7 +136,7 @@ def _placed(dg: LowPrecisionDotGeneral, path: str, linear: nnx.Linear, layout: L
         report.gathered.append(path)
     if reduce is not None:
         report.tensor_reduced[path] = reduce
-    return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce)
+    return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce, partitioned=layout.partitioned)
 
 
 def _reset(linear: nnx.Linear):
@@ -152,6 +152,9 @@ class Layout(Protocol):
     def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None: ...
 
     def tensor_reduce(self, path: str, kernel_shape) -> str | None: ...
+
+    @property
+    def partitioned(self) -> bool: ...
 
 
 def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,

@@ -118,6 +118,19 @@ def test_the_pallas_quantizers_compile_for_the_gpu(gpu):
 
 
 @needs_plugin
+def test_fp8_block_on_one_h200_runs_the_wgmma_kernel(tmp_path, capsys):
+    """Hopper's FP8 block GEMM compiled into the train step for sm_90a: three Mosaic GPU
+    kernels per quantized Linear, counted as FP8 GEMMs."""
+    out = tmp_path / "plan.json"
+    code = cli.main(["--config", TINY, "--gpu", "h200", "--gpus", "1", "--recipes", "fp8_block",
+                     "--json", str(out), *SMALL])
+    assert code == 0, capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["gemms"].get("pallas_wgmma") == 3 * 2 * LINEARS_PER_LAYER, row["gemms"]
+    assert row["gemm_operand_types"].get("fp8", 0) >= 3 * 2 * LINEARS_PER_LAYER
+
+
+@needs_plugin
 @pytest.mark.parametrize("gpu", ["h200", "b200"])
 @pytest.mark.parametrize("recipe,backend", [("fp8_cs", "reference"), ("fp8_cs", "xla_fp8"),
                                             ("fp8_block", "cudnn"), ("fp8_block", "auto"),

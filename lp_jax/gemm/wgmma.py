@@ -1,0 +1,31 @@
+"""The "wgmma" backend: FP8 block scaling's GEMMs on Hopper, through the Pallas Mosaic GPU
+kernel ``lp_jax.kernels.fp8_block_gemm`` (WGMMA per 128-wide K block, scaled and summed in
+FP32: DeepGEMM's method). The operands are laid out as for cuDNN's block-scaled GEMM
+(``lp_jax.gemm.cudnn.block_operand``: contraction last, one FP32 scale per row per K block);
+the result is FP32, cast once to out_dtype, as the reference's. Off the GPU the kernel runs in
+Pallas's GPU interpreter, which is how it is tested against the reference.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from lp_jax.gemm.cuda_target import cuda_major
+from lp_jax.gemm.cudnn import block_operand
+from lp_jax.kernels.fp8_block_gemm import fp8_block_gemm
+
+
+def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
+    """a x b over ``contracting`` (FP8 block-scaled operands), FP32 accumulation, in out_dtype."""
+    if cuda_major() not in (None, 9):
+        raise ValueError(f"backend 'wgmma' is Hopper's (sm_90) FP8 GEMM; this program is for "
+                         f"sm_{cuda_major()}x, where backend 'cudnn' (or 'auto') runs FP8 block scaling")
+    (ca,), (cb,) = contracting
+    ad, a_scales, _ = block_operand(a, ca)
+    bd, b_scales, _ = block_operand(b, cb)
+    if a_scales.dtype != jnp.float32 or b_scales.dtype != jnp.float32:
+        raise ValueError("the wgmma backend multiplies FP8 block scaling's operands (E4M3, FP32 "
+                         f"scales), got scales {a_scales.dtype} and {b_scales.dtype}")
+    # The bytes stay as quantized: nothing may fold their convert into a wider GEMM.
+    ad, bd, a_scales, b_scales = lax.optimization_barrier((ad, bd, a_scales, b_scales))
+    return fp8_block_gemm(ad, a_scales, bd, b_scales).astype(out_dtype)
