@@ -31,6 +31,7 @@ from bench.common import platform_line, print_table  # noqa: E402
 from bench.hlo_gemms import BLOCK_SCALED_DOT, compiled_gemms  # noqa: E402
 from lp_jax import context  # noqa: E402
 from lp_jax.gemm import backends  # noqa: E402
+from lp_jax.gemm.cuda_target import cuda_major  # noqa: E402
 
 RECIPES = ("fp8_cs", "fp8_block", "mxfp8", "nvfp4")
 # Element types the compiled program must still hold (E8M0 scales travel as uint8 codes).
@@ -77,6 +78,9 @@ def gemm_verdict(recipe: str, census: dict, platform: str) -> tuple[str, bool]:
     if recipe == "fp8_cs":
         n = census.get("__cublas$lt$matmul$f8", 0)
         return f"cuBLASLt FP8 GEMMs: {n}", n >= 3
+    wgmma = census.get("lp_jax wgmma FP8 block GEMM", 0)
+    if wgmma:
+        return f"Pallas WGMMA FP8 block GEMM (Hopper): {wgmma}", wgmma >= 3
     cudnn = census.get("__cudnn$blockScaledDot", 0) + census.get("fusion __cudnn$fusion", 0)
     if cudnn >= 3:
         return f"cuDNN block-scaled GEMM: {cudnn}", True
@@ -99,15 +103,19 @@ def main(argv=None) -> int:
     bf16 = inputs(x_shape, n, jnp.bfloat16)
     rows, ok = [], True
     for name in RECIPES:
-        native = lp.get_recipe(name).native_backend
+        recipe = lp.get_recipe(name)
+        # Every native backend this device runs (Hopper's wgmma only on sm_90; on CPU in
+        # Pallas's interpreter), then auto.
+        natives = [b for b in recipe.native_backends if b != "wgmma" or cuda_major() in (None, 9)]
         outs = {}
-        for backend in ("reference", native, "auto"):
+        for backend in ("reference", *natives, "auto"):
             outs[backend] = linear_vjp(lp.get_recipe(name, backend=backend))(*f32)
-        for backend in (native, "auto"):
+        for backend in (*natives, "auto"):
             errs = [rel_err(a, b) for a, b in zip(outs[backend], outs["reference"])]
             good = max(errs) <= TOLERANCE
             ok &= good
-            rows.append((name, backend, *(f"{e:.1e}" for e in errs), "ok" if good else "FAIL", ""))
+            label = backend if backend != "auto" else f"auto ({backends.backend_on(recipe, platform)})"
+            rows.append((name, label, *(f"{e:.1e}" for e in errs), "ok" if good else "FAIL", ""))
         compiled = linear_vjp(lp.get_recipe(name)).lower(*bf16).compile()
         jax.block_until_ready(compiled(*bf16))
         hlo = compiled.as_text().lower()

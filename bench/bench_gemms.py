@@ -48,7 +48,7 @@ def _gemm_fn(recipe, gemm, backend, prepare):
         if prepare is not None:
             oa = prepare(oa, getattr(recipe, field_a), axis_a, key=jax.random.fold_in(key, 1))
             ob = prepare(ob, getattr(recipe, field_b), axis_b, key=jax.random.fold_in(key, 2))
-        return backends.gemm(backend, recipe.native_backend, oa, ob, ((axis_a,), (axis_b,)),
+        return backends.gemm(backend, backends.cuda_native(recipe), oa, ob, ((axis_a,), (axis_b,)),
                              jnp.bfloat16, out_dtype)
     return fn
 

@@ -42,6 +42,11 @@ def test_compiled_gemm_census_reads_gpu_hlo():
         '%e = (f32[1,128,128]{2,1,0}, u8[0]{0}) custom-call(%p, %q, %r, %u), custom_call_target="__cudnn$blockScaledDot"',
         '%f = f32[8,8]{1,0} fusion(%x), kind=kCustom, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}',
         '%g = f32[8,8]{1,0} custom-call(%x), custom_call_target="something_else"',
+        '%h = f32[64,128]{1,0} custom-call(%a, %s, %b, %t), custom_call_target="mosaic_gpu_v2", '
+        'metadata={op_name="jit(f)/lp_jax_fp8_block_gemm/mpmd_map"}',
+        '%i = f8e4m3fn[64,128]{1,0} custom-call(%x), custom_call_target="mosaic_gpu_v2", '
+        'metadata={op_name="jit(f)/mpmd_map"}',  # a quantization kernel: not a GEMM
     ])
     assert compiled_gemms(hlo) == {"__cublas$lt$matmul$f8": 1, "__cublas$lt$matmul": 1,
-                                   "__cudnn$blockScaledDot": 1, "fusion __triton_gemm": 1}
+                                   "__cudnn$blockScaledDot": 1, "fusion __triton_gemm": 1,
+                                   "lp_jax wgmma FP8 block GEMM": 1}
