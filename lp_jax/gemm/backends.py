@@ -48,12 +48,13 @@ def cuda_native(recipe: Recipe, partitioned: bool = False) -> str | None:
     return recipe.native_backend
 
 
-def backend_on(recipe: Recipe, platform: str) -> str:
+def backend_on(recipe: Recipe, platform: str, partitioned: bool = False) -> str:
     """The backend ``recipe``'s quantized GEMMs use in a program lowered for ``platform``
-    ("cpu", "cuda", "rocm", "tpu"): what the run log and SwapReport print."""
+    ("cpu", "cuda", "rocm", "tpu"), on a mesh that splits more than the batch if
+    ``partitioned``: what the run log and SwapReport print."""
     backend = resolved(recipe)
     if backend == "auto":
-        return cuda_native(recipe) if platform == AUTO_PLATFORM else "reference"
+        return cuda_native(recipe, partitioned) if platform == AUTO_PLATFORM else "reference"
     return backend
 
 

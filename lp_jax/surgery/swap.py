@@ -200,7 +200,8 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         linear.promote_dtype = KeepKernelDtype()
         m = LAYER_INDEX.search(path)
         if m is None and linear.kernel.ndim > 2:
-            linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers)
+            linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers,
+                                                       partitioned=layout is not None and layout.partitioned)
             report.per_slice[path] = recipe.policy
         elif m is not None and recipe.layer_is_bf16(int(m.group(1)), num_layers):
             linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
@@ -214,5 +215,6 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
     if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
         used_recipes.append(bf16)
     for r in used_recipes:
-        report.backends.setdefault(type(r).__name__, backends.backend_on(r, report.platform))
+        report.backends.setdefault(type(r).__name__, backends.backend_on(
+            r, report.platform, partitioned=layout is not None and layout.partitioned))
     return report

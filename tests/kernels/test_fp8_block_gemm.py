@@ -150,6 +150,12 @@ def test_a_partitioned_mesh_keeps_auto_on_cudnn_and_refuses_forced_wgmma():
         with compiled_kernels(), cuda_target((9, 0)):
             text = jax.jit(lambda x, w: dg(x, w, dims)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
         assert expected in text, partitioned
+    from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
+
+    stacked = LayerPolicyDotGeneral(lp.get_recipe("fp8_block"), 4, partitioned=True)  # scanned layers
+    with compiled_kernels(), cuda_target((9, 0)):
+        text = jax.jit(lambda x, w: stacked(x, w, dims)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" not in text and "block_scaled_dot" in text
     forced = dataclasses.replace(lp.dot_general(lp.get_recipe("fp8_block", backend="wgmma")), partitioned=True)
     with pytest.raises(ValueError, match="backend 'wgmma' has no partitioning rule"):
         forced(x, w, dims)
