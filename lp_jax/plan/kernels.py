@@ -193,17 +193,29 @@ def _dot_flops(module: Module, instr: Instruction) -> float:
     return 2.0 * math.prod(_dims(instr.shape)) * k
 
 
-def _fused_dots(module: Module, comp_name: str, seen=None) -> list[Instruction]:
+def _fused_dots(module: Module, comp_name: str) -> list[Instruction]:
+    return _fused(module, comp_name, ("dot", "scaled-dot"))
+
+
+def _fused(module: Module, comp_name: str, opcodes, seen=None) -> list[Instruction]:
+    """Instructions of these opcodes in a fused computation and the fusions it calls."""
     seen = set() if seen is None else seen
     comp = module.computations.get(comp_name)
     if comp is None or comp_name in seen:
         return []
     seen.add(comp_name)
-    dots = [i for i in comp.instructions if i.opcode in ("dot", "scaled-dot")]
+    found = [i for i in comp.instructions if i.opcode in opcodes]
     for i in comp.instructions:
         if i.opcode == "fusion" and i.attr("calls"):
-            dots += _fused_dots(module, i.attr("calls"), seen)
-    return dots
+            found += _fused(module, i.attr("calls"), opcodes, seen)
+    return found
+
+
+def _wgmma_flops(module: Module, instr: Instruction) -> float:
+    """lp_jax's Hopper FP8 block GEMM: a [M, K] (E4M3), its scales, b [N, K], its scales ->
+    out [M, N] (FP32)."""
+    out, lhs = _dims(instr.shape), _dims(module.operand_shape(instr.operands[0]))
+    return 2.0 * math.prod(out) * (lhs[-1] if lhs else 0)
 
 
 def _backend_config(instr: Instruction) -> dict:
@@ -227,13 +239,17 @@ def _gemm(module: Module, instr: Instruction) -> tuple[str | None, str | None, f
         if target.startswith("__cudnn$fmha"):
             return "cudnn_attention", operand_type, _attention_flops(module, instr, target)
         if target.startswith("mosaic_gpu") and FP8_BLOCK_GEMM_SCOPE in instr.attrs:
-            # lp_jax's Hopper FP8 block GEMM: a [M, K] (E4M3), ..., out [M, N] (FP32)
-            out, lhs = _dims(instr.shape), _dims(module.operand_shape(instr.operands[0]))
-            return "pallas_wgmma", "fp8", 2.0 * math.prod(out) * (lhs[-1] if lhs else 0)
+            return "pallas_wgmma", "fp8", _wgmma_flops(module, instr)
         return None, None, 0.0
     if instr.opcode == "dot":
         return "xla", _OPERAND_TYPES.get(_element(module.operand_shape(instr.operands[0]))), _dot_flops(module, instr)
     if instr.opcode == "fusion" and instr.attr("calls"):
+        # A custom call XLA wrapped in a fusion (a dynamic-slice fusion around a kernel that
+        # reads one layer of a scanned stack)
+        kernels = [i for i in _fused(module, instr.attr("calls"), ("custom-call",))
+                   if "mosaic_gpu" in i.attrs and FP8_BLOCK_GEMM_SCOPE in i.attrs]
+        if kernels:
+            return "pallas_wgmma", "fp8", sum(_wgmma_flops(module, i) for i in kernels)
         dots = _fused_dots(module, instr.attr("calls"))
         if not dots:
             return None, None, 0.0

@@ -118,12 +118,14 @@ def test_the_pallas_quantizers_compile_for_the_gpu(gpu):
 
 
 @needs_plugin
-def test_fp8_block_on_one_h200_runs_the_wgmma_kernel(tmp_path, capsys):
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_fp8_block_on_one_h200_runs_the_wgmma_kernel(scan, tmp_path, capsys):
     """Hopper's FP8 block GEMM compiled into the train step for sm_90a: three Mosaic GPU
-    kernels per quantized Linear, counted as FP8 GEMMs."""
+    kernels per quantized Linear, counted as FP8 GEMMs (scanned layers: some inside the
+    dynamic-slice fusions XLA wraps around them)."""
     out = tmp_path / "plan.json"
     code = cli.main(["--config", TINY, "--gpu", "h200", "--gpus", "1", "--recipes", "fp8_block",
-                     "--json", str(out), *SMALL])
+                     "--json", str(out), *SMALL, f"model.scan_layers={scan}"])
     assert code == 0, capsys.readouterr().out
     (row,) = json.loads(out.read_text())["rows"]
     assert row["gemms"].get("pallas_wgmma") == 3 * 2 * LINEARS_PER_LAYER, row["gemms"]
