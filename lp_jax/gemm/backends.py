@@ -39,22 +39,22 @@ def resolved(recipe: Recipe) -> str:
     return recipe.backend if recipe.native_backend else "reference"
 
 
-def cuda_native(recipe: Recipe, partitioned: bool = False) -> str | None:
+def cuda_native(recipe: Recipe, partly_manual: bool = False) -> str | None:
     """The backend "auto" runs ``recipe``'s GEMMs on when lowered for CUDA: its Hopper GEMM on
-    sm_90 where the GEMM's operands are not partitioned (it has no partitioning rule), its
-    native backend anywhere else."""
-    if recipe.hopper_backend and recipe.native_backend and cuda_major() == 9 and not partitioned:
+    sm_90 (except inside a partly manual data shard_map, where its custom partitioning does
+    not compile), its native backend anywhere else."""
+    if recipe.hopper_backend and recipe.native_backend and cuda_major() == 9 and not partly_manual:
         return recipe.hopper_backend
     return recipe.native_backend
 
 
-def backend_on(recipe: Recipe, platform: str, partitioned: bool = False) -> str:
+def backend_on(recipe: Recipe, platform: str, partly_manual: bool = False) -> str:
     """The backend ``recipe``'s quantized GEMMs use in a program lowered for ``platform``
-    ("cpu", "cuda", "rocm", "tpu"), on a mesh that splits more than the batch if
-    ``partitioned``: what the run log and SwapReport print."""
+    ("cpu", "cuda", "rocm", "tpu"), inside a partly manual data shard_map if
+    ``partly_manual``: what the run log and SwapReport print."""
     backend = resolved(recipe)
     if backend == "auto":
-        return cuda_native(recipe, partitioned) if platform == AUTO_PLATFORM else "reference"
+        return cuda_native(recipe, partly_manual) if platform == AUTO_PLATFORM else "reference"
     return backend
 
 

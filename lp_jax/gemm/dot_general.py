@@ -123,11 +123,11 @@ class LowPrecisionDotGeneral:
     # activation dtype on the wire (``lp_jax.gemm.tensor_reduce``). None: the partitioner
     # all-reduces them in FP32.
     tensor_reduce: str | None = None
-    # Set by the trainer when the mesh splits more than the batch (fsdp or tensor > 1), so the
-    # GEMM's operands are partitioned by XLA: a backend without a partitioning rule (wgmma's
-    # Pallas kernel, which XLA would feed whole, replicated operands) is not chosen by auto
+    # Set by the trainer when its data shard_map is partly manual (mesh data > 1 with fsdp or
+    # tensor > 1, ``LinearLayout.partly_manual``), where JAX's custom partitioners fail to
+    # compile: the wgmma backend's GEMM (a custom partitioning) is then not chosen by auto
     # and refused when forced.
-    partitioned: bool = False
+    partly_manual: bool = False
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
@@ -158,11 +158,12 @@ class LowPrecisionDotGeneral:
         if self.gather is not None and (rhs.ndim != 2 or rc != (0,)):
             raise ValueError(f"param_gather needs a Linear kernel [in, out] contracted over its first "
                              f"axis, got shape {rhs.shape} contracted over {rc}")
-        if self.partitioned and self.recipe.quantized and backends.resolved(self.recipe) == "wgmma":
-            raise ValueError("backend 'wgmma' has no partitioning rule: it runs with data parallelism "
-                             "only (mesh fsdp = tensor = 1); use backend 'auto' on this mesh")
+        if self.partly_manual and self.recipe.quantized and backends.resolved(self.recipe) == "wgmma":
+            raise ValueError("backend 'wgmma' does not compile on a mesh with data > 1 and fsdp or "
+                             "tensor > 1 (its custom partitioning fails inside the partly manual data "
+                             "shard_map); use data = 1 or fsdp = tensor = 1, or backend 'auto'")
         cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe),
-                          backends.cuda_native(self.recipe, self.partitioned),
+                          backends.cuda_native(self.recipe, self.partly_manual),
                           jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather,
                           self.tensor_reduce)
         return _linear(cfg, x2, w2, key_data).reshape(out_shape)

@@ -7,12 +7,20 @@ Pallas's GPU interpreter, which is how it is tested against the reference.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.gemm.cuda_target import cuda_major
 from lp_jax.gemm.cudnn import block_operand
-from lp_jax.kernels.fp8_block_gemm import fp8_block_gemm
+from lp_jax.gemm.wgmma_partitioning import partitioned
+from lp_jax.kernels.fp8_block_gemm import SCOPE, fp8_block_gemm
+from lp_jax.kernels.launch import interpret_params
+
+# The compiled kernel, split over a mesh by XLA (``wgmma_partitioning``). Pallas's GPU
+# interpreter cannot run inside a custom partitioning (its callbacks are ordered effects),
+# so interpreted (off the GPU, for tests) the kernel is called as it is.
+_COMPILED_GEMM = partitioned(lambda a, sa, b, sb: fp8_block_gemm(a, sa, b, sb, interpret=False))
 
 
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
@@ -28,4 +36,7 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
                          f"scales), got scales {a_scales.dtype} and {b_scales.dtype}")
     # The bytes stay as quantized: nothing may fold their convert into a wider GEMM.
     ad, bd, a_scales, b_scales = lax.optimization_barrier((ad, bd, a_scales, b_scales))
-    return fp8_block_gemm(ad, a_scales, bd, b_scales).astype(out_dtype)
+    gemm = fp8_block_gemm if interpret_params(None) is not None else _COMPILED_GEMM
+    with jax.named_scope(SCOPE):  # in the partitioned op's HLO op_name (the plan finds it by it)
+        out = gemm(ad, a_scales, bd, b_scales)
+    return out.astype(out_dtype)

@@ -44,10 +44,12 @@ class LinearLayout:
                              f"{', '.join(TP_REDUCE_DTYPES)}")
 
     @property
-    def partitioned(self) -> bool:
-        """The mesh splits more than the batch: XLA partitions the GEMMs' operands (inside
-        the trainer's data shard_map, data and size-1 axes are manual: local arrays)."""
-        return any(n > 1 for axis, n in self.mesh_shape.items() if axis != "data")
+    def partly_manual(self) -> bool:
+        """The trainer's data shard_map is manual over an axis that splits (data > 1) and
+        leaves another that splits to the partitioner (fsdp or tensor > 1): JAX's custom
+        partitioners fail to compile there (docs/plan.md, known limits)."""
+        splits = lambda axis: self.mesh_shape.get(axis, 1) > 1  # noqa: E731
+        return splits("data") and any(splits(a) for a in self.mesh_shape if a != "data")
 
     def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None:
         """The kernel's mesh layout when the GEMM all-gathers its quantized bytes, else None."""

@@ -21,13 +21,13 @@ from lp_jax.recipes import BF16, Recipe
 class LayerPolicyDotGeneral:
     recipe: Recipe
     num_layers: int
-    # As LowPrecisionDotGeneral.partitioned: the mesh splits more than the batch.
-    partitioned: bool = False
+    # As LowPrecisionDotGeneral.partly_manual.
+    partly_manual: bool = False
 
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
-        quantized = LowPrecisionDotGeneral(self.recipe, partitioned=self.partitioned)
-        bf16 = LowPrecisionDotGeneral(BF16(backend=self.recipe.backend), partitioned=self.partitioned)
+        quantized = LowPrecisionDotGeneral(self.recipe, partly_manual=self.partly_manual)
+        bf16 = LowPrecisionDotGeneral(BF16(backend=self.recipe.backend), partly_manual=self.partly_manual)
         layer = context.current_layer()
         if layer is None:
             if self.recipe.first_bf16_layers == 0 and self.recipe.last_bf16_layers == 0 \

@@ -136,7 +136,7 @@ def _placed(dg: LowPrecisionDotGeneral, path: str, linear: nnx.Linear, layout: L
         report.gathered.append(path)
     if reduce is not None:
         report.tensor_reduced[path] = reduce
-    return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce, partitioned=layout.partitioned)
+    return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce, partly_manual=layout.partly_manual)
 
 
 def _reset(linear: nnx.Linear):
@@ -154,7 +154,7 @@ class Layout(Protocol):
     def tensor_reduce(self, path: str, kernel_shape) -> str | None: ...
 
     @property
-    def partitioned(self) -> bool: ...
+    def partly_manual(self) -> bool: ...
 
 
 def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
@@ -201,7 +201,7 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         m = LAYER_INDEX.search(path)
         if m is None and linear.kernel.ndim > 2:
             linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers,
-                                                       partitioned=layout is not None and layout.partitioned)
+                                                       partly_manual=layout is not None and layout.partly_manual)
             report.per_slice[path] = recipe.policy
         elif m is not None and recipe.layer_is_bf16(int(m.group(1)), num_layers):
             linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
@@ -216,5 +216,5 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         used_recipes.append(bf16)
     for r in used_recipes:
         report.backends.setdefault(type(r).__name__, backends.backend_on(
-            r, report.platform, partitioned=layout is not None and layout.partitioned))
+            r, report.platform, partly_manual=layout is not None and layout.partly_manual))
     return report

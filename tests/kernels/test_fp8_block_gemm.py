@@ -133,29 +133,75 @@ def test_forced_wgmma_for_blackwell_is_one_line():
     assert "\n" not in str(e.value)
 
 
-def test_a_partitioned_mesh_keeps_auto_on_cudnn_and_refuses_forced_wgmma():
-    """The kernel has no partitioning rule: on a mesh that splits more than the batch, XLA
-    would feed it whole operands."""
+def test_a_partly_manual_mesh_keeps_auto_on_cudnn_and_refuses_forced_wgmma():
+    """Inside the trainer's data shard_map manual over data > 1 with fsdp or tensor > 1 left
+    to the partitioner, JAX's custom partitioners do not compile."""
     import dataclasses
 
     from lp_jax.parallel.linear_layout import LinearLayout
-
-    assert not LinearLayout({"data": 8, "fsdp": 1, "tensor": 1}).partitioned
-    assert LinearLayout({"data": 1, "fsdp": 8, "tensor": 1}).partitioned
-    assert LinearLayout({"data": 2, "fsdp": 1, "tensor": 4}).partitioned
-    x, w = jnp.ones((64, 256), jnp.bfloat16), jnp.ones((256, 128), jnp.float32)
-    dims = (((1,), (0,)), ((), ()))
-    for partitioned, expected in ((False, "mosaic_gpu"), (True, "block_scaled_dot")):
-        dg = dataclasses.replace(lp.dot_general("fp8_block"), partitioned=partitioned)
-        with compiled_kernels(), cuda_target((9, 0)):
-            text = jax.jit(lambda x, w: dg(x, w, dims)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-        assert expected in text, partitioned
     from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 
-    stacked = LayerPolicyDotGeneral(lp.get_recipe("fp8_block"), 4, partitioned=True)  # scanned layers
-    with compiled_kernels(), cuda_target((9, 0)):
-        text = jax.jit(lambda x, w: stacked(x, w, dims)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" not in text and "block_scaled_dot" in text
-    forced = dataclasses.replace(lp.dot_general(lp.get_recipe("fp8_block", backend="wgmma")), partitioned=True)
-    with pytest.raises(ValueError, match="backend 'wgmma' has no partitioning rule"):
+    assert not LinearLayout({"data": 8, "fsdp": 1, "tensor": 1}).partly_manual  # ZeRO-1: all manual
+    assert not LinearLayout({"data": 1, "fsdp": 8, "tensor": 1}).partly_manual  # ZeRO-3: all auto
+    assert LinearLayout({"data": 2, "fsdp": 1, "tensor": 4}).partly_manual
+    assert LinearLayout({"data": 2, "fsdp": 4, "tensor": 1}).partly_manual
+    x, w = jnp.ones((64, 256), jnp.bfloat16), jnp.ones((256, 128), jnp.float32)
+    dims = (((1,), (0,)), ((), ()))
+    plain = lp.dot_general("fp8_block")
+    cases = ((plain, "mosaic_gpu"), (dataclasses.replace(plain, partly_manual=True), "block_scaled_dot"),
+             (LayerPolicyDotGeneral(lp.get_recipe("fp8_block"), 4, partly_manual=True), "block_scaled_dot"))
+    for dg, expected in cases:
+        with compiled_kernels(), cuda_target((9, 0)):
+            text = jax.jit(lambda x, w: dg(x, w, dims)).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+        assert expected in text and ("mosaic_gpu" in text) == (expected == "mosaic_gpu"), dg
+    forced = dataclasses.replace(lp.dot_general(lp.get_recipe("fp8_block", backend="wgmma")), partly_manual=True)
+    with pytest.raises(ValueError, match="backend 'wgmma' does not compile on a mesh with data > 1") as e:
         forced(x, w, dims)
+    assert "\n" not in str(e.value)
+
+
+PARTITIONED = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from lp_jax.gemm.wgmma_partitioning import partitioned
+
+def local(a, sa, b, sb):  # the kernel's arithmetic in XLA (the interpreter cannot run here)
+    deq = lambda q, s: q.astype(jnp.float32) * jnp.repeat(s, 128, 1)[:, :q.shape[1]]
+    return deq(a, sa) @ deq(b, sb).T
+
+rng = np.random.default_rng(0)
+a, b = (jnp.asarray(rng.normal(size=(rows, 384)) * 10, jnp.float8_e4m3fn) for rows in (256, 320))
+sa, sb = (jnp.asarray(2.0 ** rng.integers(-8, 8, size=(rows, 3)), jnp.float32) for rows in (256, 320))
+want = np.asarray(local(a, sa, b, sb))
+mesh = jax.make_mesh((4, 2), ("fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+gemm = jax.jit(partitioned(local))
+for rows_a, rows_b in ((("fsdp", None), ("tensor", "fsdp")), (("fsdp", None), ("fsdp", None)),
+                       ((None, "fsdp"), ("tensor", None))):
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, P(*spec)))
+    args = (put(a, rows_a), put(sa, (rows_a[0], None)), put(b, rows_b), put(sb, (rows_b[0], None)))
+    out = gemm(*args)
+    err = float(np.max(np.abs(np.asarray(out) - want)) / np.max(np.abs(want)))
+    text = gemm.lower(*args).compile().as_text()
+    gathered_rows = any(" all-gather(" in l and "[256," in l.split("=")[1].split("all-gather")[0]
+                        and "f32" not in l.split("=")[1].split("all-gather")[0] for l in text.splitlines())
+    print("CASE", tuple(out.sharding.spec), err, gathered_rows)
+"""
+
+
+@pytest.mark.slow
+def test_the_partitioning_rule_splits_rows_and_gathers_only_k():
+    """On 8 CPU devices with the kernel's arithmetic as the local function: every split of
+    the operands gives the unsplit product, the result split by a's rows and b's (a's rows
+    not gathered), and K gathered where it is split."""
+    from tests.support.forced_devices import run_python
+
+    proc = run_python(["-c", PARTITIONED])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("CASE")]
+    assert len(cases) == 3, proc.stdout
+    (spec1, err1, gathered1), (spec2, err2, _), (spec3, err3, _) = (c.rsplit(" ", 2) for c in cases)
+    assert max(map(float, (err1, err2, err3))) <= 1e-6, cases
+    assert (spec1, gathered1) == ("('fsdp', 'tensor')", "False"), cases
+    assert spec3 == "(None, 'tensor')", cases  # a's K split: K gathered
+    # both on fsdp: one side keeps the split (the partitioner picks which), the other is gathered
+    assert spec2 in ("('fsdp', None)", "(None, 'fsdp')"), cases

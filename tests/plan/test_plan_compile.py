@@ -133,6 +133,19 @@ def test_fp8_block_on_one_h200_runs_the_wgmma_kernel(scan, tmp_path, capsys):
 
 
 @needs_plugin
+def test_fp8_block_on_eight_h200s_with_zero3_splits_the_wgmma_kernel(tmp_path, capsys):
+    """ZeRO-3 (fsdp = 8): the kernel's partitioning rule runs it on each GPU's tokens."""
+    out = tmp_path / "plan.json"
+    code = cli.main(["--config", TINY, "--gpu", "h200", "--gpus", "8", "--recipes", "fp8_block",
+                     "--json", str(out), *SMALL, "model.hidden_size=1024", "model.intermediate_size=2048",
+                     "model.num_heads=8", "model.num_kv_heads=8", "model.head_dim=128", "data.seq_len=128",
+                     "data.global_batch_size=8", "data.micro_batch_size=1", "mesh.data=1", "mesh.fsdp=8"])
+    assert code == 0, capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["gemms"].get("pallas_wgmma") == 3 * 2 * LINEARS_PER_LAYER, row
+
+
+@needs_plugin
 @pytest.mark.parametrize("gpu", ["h200", "b200"])
 @pytest.mark.parametrize("recipe,backend", [("fp8_cs", "reference"), ("fp8_cs", "xla_fp8"),
                                             ("fp8_block", "cudnn"), ("fp8_block", "auto"),
