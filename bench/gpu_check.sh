@@ -37,12 +37,13 @@ part() {  # part LIMIT_S COMMAND...: run it, report a failure or a timeout, go o
 echo "== 1. GEMM backends: each compiles, runs, equals the reference; GEMMs of the optimized HLO"
 part 80 "$PY" bench/backend_check.py $TINY
 
-echo "== 2. bit-exact quantizers and reference GEMMs on this backend"
+echo "== 2. bit-exact quantizers and reference GEMMs on this backend; the Hopper FP8 block GEMM kernel"
 if [[ -n "$TINY" ]]; then
   echo "   skipped with --tiny (the test suite runs these on CPU)"
 elif "$PY" -c "import pytest" 2>/dev/null; then
-  part 80 "$PY" -m pytest -q -p no:cacheprovider tests/numerics/test_quantize_formats.py \
-    tests/numerics/test_quantize_tensor_scales.py tests/gemm/test_dot_general.py tests/test_jax_apis.py
+  part 80 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/numerics/test_quantize_formats.py \
+    tests/numerics/test_quantize_tensor_scales.py tests/gemm/test_dot_general.py tests/test_jax_apis.py \
+    tests/kernels/test_fp8_block_gemm.py
 else
   echo "   pytest missing: skipped"
 fi
