@@ -15,6 +15,8 @@ from __future__ import annotations
 import collections
 import re
 
+from lp_jax.kernels import fp8_block_gemm
+
 _FUNC = re.compile(r"^\s*func\.func\s+(?:public\s+|private\s+)?@([\w$.\-]+)\(")
 _CALL = re.compile(r"\bcall @([\w$.\-]+)\(")
 _SIGNATURE = re.compile(r":\s*\(([^()]*)\)\s*->")
@@ -66,7 +68,6 @@ def block_scaled_dots(gemms) -> list[tuple[str, ...]]:
 
 
 # Compiled GPU HLO: custom-call targets and fusion kinds that run a GEMM.
-FP8_BLOCK_GEMM_SCOPE = "lp_jax_fp8_block_gemm"  # the Hopper kernel's name scope (Mosaic GPU)
 GPU_GEMM_TARGETS = ("__cublas$lt$matmul$f8", "__cublas$lt$matmul", "__cublas$gemm",
                     "__cudnn$blockScaledDot", BLOCK_SCALED_DOT)
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
@@ -81,7 +82,7 @@ def compiled_gemms(text: str) -> dict[str, int]:
         for target in _TARGET.findall(line):
             if target in GPU_GEMM_TARGETS:
                 counts[target] += 1
-            elif target.startswith("mosaic_gpu") and FP8_BLOCK_GEMM_SCOPE in line:
+            elif fp8_block_gemm.called_by(line):
                 counts["lp_jax wgmma FP8 block GEMM"] += 1
         for kind in _FUSION_KIND.findall(line):
             counts[f"fusion {kind}"] += 1

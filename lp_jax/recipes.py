@@ -25,8 +25,6 @@ QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
 # The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
 # per-tensor scales, cuDNN's block-scaled GEMM for block formats (docs/backends.md).
 NATIVE_BACKEND = {"per_tensor": "xla_fp8", "block": "cudnn"}
-# Hopper has no block-scaled MMA; where cuDNN's block-scaled GEMM would be expanded into
-# dequantize + BF16 dot, a recipe may name its own Hopper GEMM (sm_90 only).
 
 
 def check_choice(name: str, value, choices: tuple) -> None:
@@ -59,7 +57,9 @@ class Recipe:
     name: ClassVar[str] = "bf16"
     # The tensor-core type its GEMMs run on ("bf16" | "fp8" | "fp4"): which peak an MFU uses.
     gemm_dtype: ClassVar[str] = "bf16"
-    # The recipe's GEMM on Hopper (sm_90) where it has one of its own ("auto" picks it there).
+    # The recipe's GEMM on Hopper (sm_90) where it has one of its own ("auto" picks it there):
+    # Hopper has no block-scaled MMA, and XLA expands cuDNN's block-scaled GEMM into
+    # dequantize + dot there.
     hopper_backend: ClassVar[str | None] = None
     # FiLj: transformer layer l of L runs in BF16 if l < first_bf16_layers or l >= L - last_bf16_layers.
     first_bf16_layers: int = 0

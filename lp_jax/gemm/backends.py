@@ -43,7 +43,7 @@ def cuda_native(recipe: Recipe, partly_manual: bool = False) -> str | None:
     """The backend "auto" runs ``recipe``'s GEMMs on when lowered for CUDA: its Hopper GEMM on
     sm_90 (except inside a partly manual data shard_map, where its custom partitioning does
     not compile), its native backend anywhere else."""
-    if recipe.hopper_backend and recipe.native_backend and cuda_major() == 9 and not partly_manual:
+    if recipe.hopper_backend and cuda_major() == 9 and not partly_manual:
         return recipe.hopper_backend
     return recipe.native_backend
 

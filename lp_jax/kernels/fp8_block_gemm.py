@@ -34,6 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lp_jax.kernels.launch import interpret_params
+from lp_jax.kernels.tiles import round_up
 from lp_jax.numerics import formats as F
 
 K_BLOCK = 128  # FP8 block scaling's block: one scale per row per 128 elements of K
@@ -47,14 +48,10 @@ _OPERAND_TRANSFORMS = (plgpu.TilingTransform((8, K_BLOCK)), plgpu.SwizzleTransfo
 _OUT_TRANSFORMS = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def _padded(data, scales, rows_multiple: int):
     """data [rows, K] and scales [rows, K/128] padded to whole tiles: zero bytes, scale 1."""
     rows, k = data.shape
-    rp, kp = _round_up(rows, rows_multiple), _round_up(k, K_BLOCK)
+    rp, kp = round_up(rows, rows_multiple), round_up(k, K_BLOCK)
     data = jnp.pad(data, ((0, rp - rows), (0, kp - k)))
     scales = jnp.pad(scales, ((0, rp - rows), (0, kp // K_BLOCK - scales.shape[1])), constant_values=1.0)
     return data, scales
@@ -80,6 +77,12 @@ def fp8_block_gemm(a, a_scales, b, b_scales, *, interpret: bool | None = None):
         out = _kernel(a.shape[0], b.shape[0], a.shape[1], interpret_params(interpret))(
             a, _doubled(a_scales).T, b, _doubled(b_scales).T)
     return out[:m, :n]
+
+
+def called_by(instruction_text: str) -> bool:
+    """Whether an instruction of a compiled module (its HLO text) runs this kernel: a Mosaic
+    GPU custom call under SCOPE (the plan and the benches count these as FP8 GEMMs)."""
+    return 'custom_call_target="mosaic_gpu' in instruction_text and SCOPE in instruction_text
 
 
 def _doubled(scales):

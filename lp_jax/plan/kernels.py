@@ -16,6 +16,7 @@ import json
 import math
 import re
 
+from lp_jax.kernels import fp8_block_gemm
 from lp_jax.plan.hlo_module import Instruction, Module, arrays, shape_bytes
 
 # Instructions that launch nothing: plumbing, aliases, loop control and async halves.
@@ -32,7 +33,6 @@ FUSIONS = ("fusion", "fusion-start")
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 GEMM_LIBRARIES = ("cudnn_block_scaled", "pallas_wgmma", "cublaslt_fp8", "cublas", "triton", "cudnn_fusion",
                   "cudnn_attention", "xla")
-FP8_BLOCK_GEMM_SCOPE = "lp_jax_fp8_block_gemm"  # lp_jax.kernels.fp8_block_gemm.SCOPE
 _CUSTOM_GEMMS = {"__cudnn$blockScaledDot": "cudnn_block_scaled", "__cublas$lt$matmul$f8": "cublaslt_fp8",
                  "__cublas$lt$matmul": "cublas", "__cublas$gemm": "cublas"}
 _OPERAND_TYPES = {"f8e4m3fn": "fp8", "f8e5m2": "fp8", "f4e2m1fn": "fp4", "bf16": "bf16", "f16": "bf16",
@@ -193,10 +193,6 @@ def _dot_flops(module: Module, instr: Instruction) -> float:
     return 2.0 * math.prod(_dims(instr.shape)) * k
 
 
-def _fused_dots(module: Module, comp_name: str) -> list[Instruction]:
-    return _fused(module, comp_name, ("dot", "scaled-dot"))
-
-
 def _fused(module: Module, comp_name: str, opcodes, seen=None) -> list[Instruction]:
     """Instructions of these opcodes in a fused computation and the fusions it calls."""
     seen = set() if seen is None else seen
@@ -238,7 +234,7 @@ def _gemm(module: Module, instr: Instruction) -> tuple[str | None, str | None, f
             return _CUSTOM_GEMMS[target], operand_type, _custom_gemm_flops(module, instr, target)
         if target.startswith("__cudnn$fmha"):
             return "cudnn_attention", operand_type, _attention_flops(module, instr, target)
-        if target.startswith("mosaic_gpu") and FP8_BLOCK_GEMM_SCOPE in instr.attrs:
+        if fp8_block_gemm.called_by(instr.attrs):
             return "pallas_wgmma", "fp8", _wgmma_flops(module, instr)
         return None, None, 0.0
     if instr.opcode == "dot":
@@ -247,10 +243,10 @@ def _gemm(module: Module, instr: Instruction) -> tuple[str | None, str | None, f
         # A custom call XLA wrapped in a fusion (a dynamic-slice fusion around a kernel that
         # reads one layer of a scanned stack)
         kernels = [i for i in _fused(module, instr.attr("calls"), ("custom-call",))
-                   if "mosaic_gpu" in i.attrs and FP8_BLOCK_GEMM_SCOPE in i.attrs]
+                   if fp8_block_gemm.called_by(i.attrs)]
         if kernels:
             return "pallas_wgmma", "fp8", sum(_wgmma_flops(module, i) for i in kernels)
-        dots = _fused_dots(module, instr.attr("calls"))
+        dots = _fused(module, instr.attr("calls"), ("dot", "scaled-dot"))
         if not dots:
             return None, None, 0.0
         kind = _backend_config(instr).get("fusion_backend_config", {}).get("kind", "")
