@@ -75,10 +75,22 @@ def _from_orbax(filename: str) -> bool:
 NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
 
 
+# TensorStore's errors read "<absl status code>: ...". Set on a future by its C++ threads,
+# such an error carries no Python traceback to tell where it came from.
+TENSORSTORE_STATUS = re.compile(
+    r"(CANCELLED|UNKNOWN|INVALID_ARGUMENT|DEADLINE_EXCEEDED|NOT_FOUND|ALREADY_EXISTS|"
+    r"PERMISSION_DENIED|RESOURCE_EXHAUSTED|FAILED_PRECONDITION|ABORTED|OUT_OF_RANGE|"
+    r"UNIMPLEMENTED|INTERNAL|UNAVAILABLE|DATA_LOSS|UNAUTHENTICATED): ")
+
+
 def _is_orbax_unretrieved(record: logging.LogRecord) -> bool:
+    """An unretrieved future of Orbax's: its traceback passes through Orbax, or it has none
+    and holds a TensorStore error (an array write that Orbax never awaited)."""
     if not NEVER_RETRIEVED.match(record.getMessage()) or not record.exc_info:
         return False
-    tb = record.exc_info[2]
+    error, tb = record.exc_info[1], record.exc_info[2]
+    if tb is None:
+        return TENSORSTORE_STATUS.match(str(error)) is not None
     while tb is not None:
         if _from_orbax(tb.tb_frame.f_code.co_filename):
             return True
