@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="report folder (default runs/study/<config name>)")
     p.add_argument("--runs-dir", help="where the run folders are (default <out>/runs); "
                                       "finished runs found there are reused")
+    p.add_argument("--records", metavar="DIR",
+                   help="keep each finished run's record (configs, metrics, log; no "
+                        "checkpoints) in DIR and reuse the runs recorded there, so that a "
+                        "study can span machines that keep only the repository")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help="downstream tasks for Table 1, or 'none' (default %(default)s)")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
@@ -115,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = StudyOptions(
             config=args.config, overrides=tuple(args.overrides), precisions=args.precisions,
             ablations=args.ablations, seeds=parse_seeds(args.seeds), twin=not args.no_twin,
-            out=args.out, runs_dir=args.runs_dir,
+            out=args.out, runs_dir=args.runs_dir, records=args.records,
             tasks=_tasks(args.tasks), limit=args.limit or None, shots=args.shots,
             xla_memory=not args.no_xla_memory, train=not args.no_train,
             progress_every=args.progress_every,

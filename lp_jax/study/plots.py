@@ -114,7 +114,7 @@ def gaps_figure(path: str | os.PathLike, summary: dict, band: tuple[float, float
     for x, name in enumerate(names):
         n = summary[name]
         gaps = list(n["gap"].values())
-        jitter = np.linspace(-0.12, 0.12, len(gaps)) if len(gaps) > 1 else [0.0]
+        jitter = np.linspace(-0.12, 0.12, len(gaps)) if len(gaps) != 1 else [0.0]
         ax.scatter(x + np.asarray(jitter), 100 * np.asarray(gaps), s=16, alpha=0.7,
                    color=colors[name], zorder=2)
         s = n["gap_stats"]

@@ -69,7 +69,8 @@ def config_differences(run_dir: str | os.PathLike, config: TrainConfig) -> list[
 
 
 def inspect_run(config: TrainConfig) -> RunStatus:
-    """complete: metrics and a checkpoint at the target step (reused as is); partial: a
+    """complete: metrics and a checkpoint at the target step, or metrics to the target step
+    and no checkpoint (a record; both reused as they are); partial: a
     checkpoint before it (the trainer resumes); new: nothing usable yet; conflict: the
     folder holds a run of another config (never touched)."""
     target = config.end_step
@@ -83,6 +84,9 @@ def inspect_run(config: TrainConfig) -> RunStatus:
     metrics = read_metrics(config.run_dir)
     if latest is not None and latest >= target and metrics and metrics[-1].get("step") == latest:
         return RunStatus("complete", target, latest)
+    if latest is None and metrics and metrics[-1].get("step", -1) >= target:
+        # A finished run's record (lp_jax.study.records): its metrics, no checkpoint.
+        return RunStatus("complete", target, message="recorded (its metrics, no checkpoint)")
     if latest is not None:
         return RunStatus("partial", target, latest)
     return RunStatus("new", target)

@@ -17,7 +17,7 @@ from typing import Callable
 
 from lp_jax.config.yaml_io import apply_overrides
 from lp_jax.errors import UserError
-from lp_jax.study import curves, downstream, memory, runs, throughput
+from lp_jax.study import curves, downstream, memory, records, runs, throughput
 from lp_jax.study.report import write_report
 from lp_jax.study.variants import (
     DEFAULT_PRECISIONS,
@@ -49,6 +49,8 @@ class StudyOptions:
     twin: bool = True  # with seeds: the BF16 twin (variants.twin_variant)
     out: str | None = None  # report folder (default runs/study/<config name>)
     runs_dir: str | None = None  # run folders (default <out>/runs)
+    # Finished runs' records (lp_jax.study.records), kept and reused there; None: not kept.
+    records: str | None = None
     tasks: tuple[str, ...] = downstream.DEFAULT_TASKS  # () skips Table 1
     limit: int | None = downstream.DEFAULT_LIMIT
     shots: int = 0
@@ -63,6 +65,11 @@ def report_dir(options: StudyOptions) -> pathlib.Path:
         return pathlib.Path(options.out)
     name = pathlib.Path(options.config).stem if options.config else "default"
     return pathlib.Path("runs") / "study" / name
+
+
+def runs_root(options: StudyOptions) -> pathlib.Path:
+    """The folder holding every run folder (seed<k>/ folders, with --seeds)."""
+    return pathlib.Path(options.runs_dir) if options.runs_dir else report_dir(options) / "runs"
 
 
 def plan_seeds(options: StudyOptions) -> dict[int | None, list[tuple[Variant, object]]]:
@@ -87,7 +94,7 @@ def plan_variants(options: StudyOptions, seed: int | None = None) -> list[tuple[
     if unknown:
         raise UserError(f"override for {unknown[0]!r}, which is not a run of this study "
                         f"(runs: {', '.join(v.name for v in variants)})")
-    runs_dir = pathlib.Path(options.runs_dir) if options.runs_dir else report_dir(options) / "runs"
+    runs_dir = runs_root(options)
     if seed is not None:
         runs_dir = runs_dir / f"seed{seed}"
     planned = []
@@ -166,6 +173,11 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
                     statuses[key] = runs.RunStatus("not run", config.end_step,
                                                    message="the study was interrupted")
                     continue
+                record = None
+                if options.records:
+                    record = records.record_path(options.records, runs_root(options), config.run_dir)
+                    if records.restore(record, config.run_dir, config.end_step):
+                        say(f"[{name}] restored its record from {record}")
                 try:
                     if options.train:
                         statuses[key] = runs.train(config, name, say, options.progress_every)
@@ -179,6 +191,10 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
                     say(f"[{name}] {statuses[key].message}")
                 elif statuses[key].state == "complete":
                     say(f"[{name}] reusing the finished run in {config.run_dir}")
+                if record is not None and statuses[key].ok and not records.finished(
+                        record, config.end_step):
+                    records.save(config.run_dir, record)
+                    say(f"[{name}] record kept in {record}")
     # The first seed is analysed in full (memory, downstream evaluation); the others only
     # for their losses, which is all the statistics across seeds need.
     by_seed = {}

@@ -1,0 +1,67 @@
+"""Records of finished runs: what a study reports on, without the checkpoints.
+
+A study of many seeds takes longer than a machine may be kept, and only a repository
+travels between machines. So with ``--records DIR`` every finished run's record (its
+configs, metrics and log: a few hundred KB, no weights) is copied to DIR as the run
+finishes, under the run's path in the runs folder; a later study with the same DIR puts
+the record back into an empty run folder and reuses the run instead of training it again
+(docs/study.md, "Runs: train, resume, reuse"). A recorded run has no checkpoint, so it is
+not evaluated downstream.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+from lp_jax.training.metrics import read_metrics
+
+# config.yaml (the trainer's) decides whether a folder holds this study's run; the
+# metrics are what the report reads.
+RECORD_FILES = ("config.yaml", "study_config.yaml", "metrics.jsonl", "train.log")
+REQUIRED = ("config.yaml", "metrics.jsonl")
+
+
+def record_path(records: str | os.PathLike, runs_dir: str | os.PathLike,
+                run_dir: str | os.PathLike) -> pathlib.Path:
+    """Where the record of ``run_dir`` (a folder under ``runs_dir``) is kept."""
+    relative = os.path.relpath(os.path.abspath(run_dir), os.path.abspath(runs_dir))
+    if relative.startswith(os.pardir):
+        raise ValueError(f"run folder {run_dir} is not under the runs folder {runs_dir}")
+    return pathlib.Path(records) / relative
+
+
+def finished(folder: str | os.PathLike, target_step: int) -> bool:
+    """The folder's metrics reach ``target_step`` (the run trained to its end)."""
+    if not all((pathlib.Path(folder) / name).is_file() for name in REQUIRED):
+        return False
+    metrics = read_metrics(os.fspath(folder))
+    return bool(metrics) and metrics[-1].get("step", -1) >= target_step
+
+
+def restore(record: pathlib.Path, run_dir: str | os.PathLike, target_step: int) -> bool:
+    """Copies a finished record into ``run_dir`` when that folder holds no run yet (no
+    config.yaml); True if it did. A folder with a run of its own is never overwritten."""
+    run_dir = pathlib.Path(run_dir)
+    if (run_dir / "config.yaml").exists() or not finished(record, target_step):
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in RECORD_FILES:
+        if (record / name).is_file():
+            shutil.copy2(record / name, run_dir / name)
+    return True
+
+
+def save(run_dir: str | os.PathLike, record: pathlib.Path) -> None:
+    """Copies a finished run's record files into ``record`` (written to a temporary folder
+    first, so a record is whole or absent)."""
+    record.parent.mkdir(parents=True, exist_ok=True)
+    partial = record.with_name(record.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    for name in RECORD_FILES:
+        source = pathlib.Path(run_dir) / name
+        if source.is_file():
+            shutil.copy2(source, partial / name)
+    shutil.rmtree(record, ignore_errors=True)
+    os.replace(partial, record)
