@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where the run folders are (default <out>/runs); "
                                       "finished runs found there are reused")
     p.add_argument("--records", metavar="DIR",
-                   help="keep each finished run's record (configs, metrics, log; no "
+                   help="keep each finished run's record (configs and metrics; no "
                         "checkpoints) in DIR and reuse the runs recorded there, so that a "
                         "study can span machines that keep only the repository")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),

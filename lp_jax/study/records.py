@@ -2,7 +2,7 @@
 
 A study of many seeds takes longer than a machine may be kept, and only a repository
 travels between machines. So with ``--records DIR`` every finished run's record (its
-configs, metrics and log: a few hundred KB, no weights) is copied to DIR as the run
+configs and metrics: a few hundred KB, no weights) is copied to DIR as the run
 finishes, under the run's path in the runs folder; a later study with the same DIR puts
 the record back into an empty run folder and reuses the run instead of training it again
 (docs/study.md, "Runs: train, resume, reuse"). A recorded run has no checkpoint, so it is
@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 
 from lp_jax.training.metrics import read_metrics
 
 # config.yaml (the trainer's) decides whether a folder holds this study's run; the
-# metrics are what the report reads.
-RECORD_FILES = ("config.yaml", "study_config.yaml", "metrics.jsonl", "train.log")
+# metrics are what the report reads. (A finished run's log adds nothing the report uses,
+# and it names the machine's folders.)
+RECORD_FILES = ("config.yaml", "study_config.yaml", "metrics.jsonl")
+CONFIGS = ("config.yaml", "study_config.yaml")
 REQUIRED = ("config.yaml", "metrics.jsonl")
+# The folder is a session key (never compared): a record names it relative to the records.
+RUN_DIR_LINE = re.compile(r"^run_dir: .*$", re.MULTILINE)
 
 
 def record_path(records: str | os.PathLike, runs_dir: str | os.PathLike,
@@ -52,16 +57,21 @@ def restore(record: pathlib.Path, run_dir: str | os.PathLike, target_step: int) 
     return True
 
 
-def save(run_dir: str | os.PathLike, record: pathlib.Path) -> None:
-    """Copies a finished run's record files into ``record`` (written to a temporary folder
-    first, so a record is whole or absent)."""
+def save(run_dir: str | os.PathLike, record: pathlib.Path, records: str | os.PathLike) -> None:
+    """Copies a finished run's record files into ``record`` (a folder under ``records``),
+    its configs naming the run folder as the record's path under ``records``; written to a
+    temporary folder first, so a record is whole or absent."""
     record.parent.mkdir(parents=True, exist_ok=True)
     partial = record.with_name(record.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
+    relative = os.path.relpath(record, records)
     for name in RECORD_FILES:
         source = pathlib.Path(run_dir) / name
-        if source.is_file():
+        if name in CONFIGS and source.is_file():
+            text = RUN_DIR_LINE.sub(lambda _: f"run_dir: {relative}", source.read_text(), count=1)
+            (partial / name).write_text(text)
+        elif source.is_file():
             shutil.copy2(source, partial / name)
     shutil.rmtree(record, ignore_errors=True)
     os.replace(partial, record)

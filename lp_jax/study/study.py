@@ -193,7 +193,7 @@ def run_study(options: StudyOptions, say: Callable[[str], None] = print) -> dict
                     say(f"[{name}] reusing the finished run in {config.run_dir}")
                 if record is not None and statuses[key].ok and not records.finished(
                         record, config.end_step):
-                    records.save(config.run_dir, record)
+                    records.save(config.run_dir, record, options.records)
                     say(f"[{name}] record kept in {record}")
     # The first seed is analysed in full (memory, downstream evaluation); the others only
     # for their losses, which is all the statistics across seeds need.

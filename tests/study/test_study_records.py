@@ -46,6 +46,8 @@ def test_a_study_from_records_alone_reuses_every_run_and_reports_the_same_gaps(t
                   if "metrics.jsonl" in files)
     assert kept == [f"seed{s}/{n}" for s in (0, 1) for n in ("bf16", "bf16_twin", "fp8_cs")]
     assert not list((tmp_path / "recs").rglob("checkpoints"))  # configs and metrics only
+    saved = (tmp_path / "recs" / "seed1" / "fp8_cs" / "config.yaml").read_text()
+    assert "run_dir: seed1/fp8_cs\n" in saved and str(tmp_path) not in saved
     assert sum("record kept in" in line for line in said) == 6
 
     said = []
