@@ -148,20 +148,33 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32, and its backward
-    keeps gate and up in the compute dtype (models.activation_vjp)."""
+    keeps gate and up in the compute dtype (models.activation_vjp).
+
+    With ``recompute_mlp_product`` the product and the down projection run under a remat
+    that saves nothing: the backward rebuilds the product, and what the down projection's
+    GEMM keeps of it (the BF16 product, or a quantized recipe's FP8/FP4 copies), from gate
+    and up, which SwiGLU's backward holds already. The forward GEMM is not run again (its
+    output is not needed there)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = _linear(cfg, rngs, d, f, cfg.init_std)
         self.up_proj = _linear(cfg, rngs, d, f, cfg.init_std)
         self.down_proj = _linear(cfg, rngs, f, d, output_init_std(cfg))
+        self.recompute_product = cfg.recompute_mlp_product
 
     def __call__(self, x_BxLxD):
         gate = checkpoint_name(self.gate_proj(x_BxLxD), "gate")
         up = checkpoint_name(self.up_proj(x_BxLxD), "up")
-        h_BxLxF = checkpoint_name(swiglu(gate, up), "mlp_act")
-        h_BxLxF = constrain(h_BxLxF, ("batch", "sequence", "mlp"))
-        return constrain(self.down_proj(h_BxLxF), BLD)
+        if self.recompute_product:
+            down = nnx.remat(_down_of_product, policy=jax.checkpoint_policies.nothing_saveable)
+            return constrain(down(self.down_proj, gate, up), BLD)
+        return constrain(_down_of_product(self.down_proj, gate, up), BLD)
+
+
+def _down_of_product(down_proj: nnx.Linear, gate, up):
+    h_BxLxF = checkpoint_name(swiglu(gate, up), "mlp_act")
+    return down_proj(constrain(h_BxLxF, ("batch", "sequence", "mlp")))
 
 
 class Block(nnx.Module):
