@@ -1,0 +1,68 @@
+"""recompute_linear_inputs: the backward rebuilds the Linears' inputs (the norm outputs, the
+SwiGLU product) and their GEMMs' copies of them from tensors the layer keeps anyway, instead
+of keeping them. The loss and every gradient are the same bits; the layer keeps exactly those
+copies less; a run's default turns it on where the kept copies would be quantized ones."""
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from lp_jax.config.yaml_io import load_config
+from lp_jax.training.validate import resolve
+from models import llama
+from tests.support.forced_devices import run_python
+from tests.support.recompute_bits import model
+
+B, L = 2, 40  # 80 tokens: no weight's size is a multiple of it at the tiny shapes
+
+
+def test_same_loss_and_gradients_bit_for_bit():
+    """In a process with XLA's excess precision off: with it on (XLA's default), a BF16
+    intermediate fused into another kernel may stay FP32, and the remat's boundaries move
+    the fusions, so the two programs differ by BF16 roundings (as any two compilations of
+    the same step may: docs/scaling.md)."""
+    cases = ["bf16:none", "fp8_cs:megatron", "nvfp4:none"]
+    proc = run_python(["tests/support/recompute_bits.py", *cases], devices=1,
+                      xla_flags="--xla_allow_excess_precision=false")
+    assert proc.stdout.split("\n")[:-1] == [f"{c.replace(':', ' ')} True" for c in cases]
+
+
+def _per_token_residuals(recipe: str, recompute: bool) -> list[tuple]:
+    """(shape, dtype) of each per-token tensor layer 0's VJP keeps."""
+    m = model(recipe, recompute, "none")
+    graphdef, params, rest = nnx.split(m.layers[0], nnx.Param, ...)
+    body = m._layer_fn(graphdef)
+    x = jnp.ones((B, L, m.config.hidden_size), jnp.bfloat16)
+    rope = llama.rope_tables(jnp.broadcast_to(jnp.arange(L), (B, L)), m.config)
+    mask = llama.causal_document_mask(None, B, L)
+    _, vjp = jax.vjp(lambda p, x: body(p, rest, x, jnp.int32(0), rope, mask, None), params, x)
+    return sorted((leaf.shape, leaf.dtype.name) for leaf in jax.tree.leaves(vjp)
+                  if hasattr(leaf, "shape") and leaf.size and leaf.size % (B * L) == 0)
+
+
+@pytest.mark.parametrize("recipe,dtype", [("bf16", "bfloat16"), ("fp8_cs", "float8_e4m3fn")])
+def test_the_layer_keeps_exactly_the_linear_inputs_copies_less(recipe, dtype):
+    """Dropped: one copy of the hidden-sized input per Linear that reads a norm output (q, k,
+    v, gate, up: JAX keeps one each, XLA one per norm) and the SwiGLU product's; nothing is
+    kept instead. (With XLA attention the output projection keeps its copy: XLA's attention
+    backward does not keep the output it would be rebuilt from.)"""
+    kept, recomputed = _per_token_residuals(recipe, False), _per_token_residuals(recipe, True)
+    cfg = llama.preset("tiny")
+    dropped = list(kept)
+    for item in recomputed:
+        dropped.remove(item)  # raises if something new is kept
+    sizes = sorted(int(jnp.prod(jnp.array(shape))) for shape, name in dropped if name == dtype)
+    assert sizes == sorted([B * L * cfg.hidden_size] * 5 + [B * L * cfg.intermediate_size])
+    assert all(name == dtype for _, name in dropped)
+
+
+def test_a_run_recomputes_where_it_quantizes_unless_told(tmp_path):
+    def plan(*keys):
+        return resolve(load_config(None, [f"run_dir={tmp_path}", "data.source=mock", *keys]),
+                       check_files=False).model_config.recompute_linear_inputs
+    assert plan() is False  # BF16 keeps them, as Megatron's layer does
+    assert plan("precision=fp8_cs") is True
+    assert plan("precision=nvfp4", "model.recompute_linear_inputs=false") is False
+    assert plan("model.recompute_linear_inputs=true") is True
+    with pytest.raises(ValueError, match="recompute_linear_inputs must be true or false"):
+        llama.preset("tiny", recompute_linear_inputs="yes")
