@@ -2,16 +2,19 @@
 
 A study of many seeds takes longer than a machine may be kept, and only a repository
 travels between machines. So with ``--records DIR`` every finished run's record (its
-configs and metrics: a few hundred KB, no weights) is copied to DIR as the run
-finishes, under the run's path in the runs folder; a later study with the same DIR puts
-the record back into an empty run folder and reuses the run instead of training it again
-(docs/study.md, "Runs: train, resume, reuse"). A recorded run has no checkpoint, so it is
-not evaluated downstream.
+configs and metrics: a few hundred KB, no weights, and the machine it trained on) is
+copied to DIR as the run finishes, under the run's path in the runs folder; a later study
+with the same DIR puts the record back into an empty run folder and reuses the run instead
+of training it again (docs/study.md, "Runs: train, resume, reuse"). A recorded run has no
+checkpoint, so it is not evaluated downstream.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
+import platform
 import re
 import shutil
 
@@ -73,5 +76,31 @@ def save(run_dir: str | os.PathLike, record: pathlib.Path, records: str | os.Pat
             (partial / name).write_text(text)
         elif source.is_file():
             shutil.copy2(source, partial / name)
+    (partial / MACHINE_FILE).write_text(json.dumps(machine(), indent=1) + "\n")
     shutil.rmtree(record, ignore_errors=True)
     os.replace(partial, record)
+
+
+MACHINE_FILE = "machine.json"
+
+
+def machine() -> dict:
+    """What decides a CPU run's rounding besides the code: XLA:CPU picks its kernels by the
+    processor's instruction sets, so two machines may take two paths from one seed. Kept
+    with each record (a seed's runs are paired across machines only if these agree)."""
+    import jax
+    import jaxlib
+
+    cpu, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                cpu = cpu or (value if key == "model name" else "")
+                flags = flags or (value if key == "flags" else "")
+    except OSError:  # not Linux: the platform's own name for it
+        pass
+    cpu = cpu or platform.processor() or platform.machine()
+    return {"cpu": cpu, "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
+            "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "python": platform.python_version()}

@@ -48,6 +48,8 @@ def test_a_study_from_records_alone_reuses_every_run_and_reports_the_same_gaps(t
     assert not list((tmp_path / "recs").rglob("checkpoints"))  # configs and metrics only
     saved = (tmp_path / "recs" / "seed1" / "fp8_cs" / "config.yaml").read_text()
     assert "run_dir: seed1/fp8_cs\n" in saved and str(tmp_path) not in saved
+    trained_on = json.loads((tmp_path / "recs" / "seed1" / "fp8_cs" / "machine.json").read_text())
+    assert trained_on == records.machine() and trained_on["jax"] and trained_on["cpu"]
     assert sum("record kept in" in line for line in said) == 6
 
     said = []
