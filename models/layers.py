@@ -111,13 +111,25 @@ def _linear(cfg: LlamaConfig, rngs: nnx.Rngs, d_in: int, d_out: int, std: float)
 
 
 def _rebuilt_in_backward(fn):
-    """``fn`` under a remat that saves nothing of what it computes: the backward runs it again
-    from its inputs (models.config.LlamaConfig.recompute_linear_inputs)."""
-    return nnx.remat(fn, policy=jax.checkpoint_policies.nothing_saveable)
+    """``fn(modules, *arrays)`` under a remat that saves nothing of what it computes: the
+    backward runs it again from its inputs (models.config.LlamaConfig.recompute_linear_inputs).
+    The modules enter as their state and are merged afresh inside, so that nothing is
+    written back to Variables of another trace (nnx.remat would, and the trainer's steps
+    merge the model inside a scan)."""
+    def run(modules, *arrays):
+        graphdef, state = nnx.split(modules)
+
+        def pure(state, *arrays):
+            return fn(nnx.merge(graphdef, state), *arrays)
+
+        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(state, *arrays)
+    return run
 
 
-def _project(norm, projections, x):
-    """Each projection of ``norm(x)``: the Linears that read one RMSNorm's output."""
+def _project(modules, x):
+    """Each projection of ``norm(x)``, ``modules`` = (norm, projections): the Linears that
+    read one RMSNorm's output."""
+    norm, projections = modules
     x = norm(x)
     return tuple(projection(x) for projection in projections)
 
@@ -151,7 +163,7 @@ class Attention(nnx.Module):
             # the output for this would cost more than the copies.
             if cfg.attention_impl == "cudnn":
                 apply = _rebuilt_in_backward(_apply)
-        q, k, v = project(norm, (self.q_proj, self.k_proj, self.v_proj), x_BxTxD)
+        q, k, v = project((norm, (self.q_proj, self.k_proj, self.v_proj)), x_BxTxD)
         # Names for the remat policies (models.config.MEGATRON_SAVED).
         q = checkpoint_name(q, "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
         k = checkpoint_name(k, "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
@@ -190,7 +202,7 @@ class MLP(nnx.Module):
         project, down = _project, _down_of_product
         if self.recompute_inputs:
             project, down = _rebuilt_in_backward(_project), _rebuilt_in_backward(_down_of_product)
-        gate, up = project(norm, (self.gate_proj, self.up_proj), x_BxLxD)
+        gate, up = project((norm, (self.gate_proj, self.up_proj)), x_BxLxD)
         gate, up = checkpoint_name(gate, "gate"), checkpoint_name(up, "up")
         return constrain(down(self.down_proj, gate, up), BLD)
 

@@ -27,6 +27,28 @@ def test_same_loss_and_gradients_bit_for_bit():
     assert proc.stdout.split("\n")[:-1] == [f"{c.replace(':', ' ')} True" for c in cases]
 
 
+def test_the_trainers_steps_run_it(monkeypatch):
+    """The trainer merges the model inside its scans (train and validation steps): the remat
+    must not write back into Variables of another trace. Its losses equal the kept-input
+    model's to BF16 roundings (XLA's default excess precision; bits: the test above)."""
+    import numpy as np
+
+    from lp_jax.training.state import place_batch
+    from lp_jax.training.step import eval_step, train_step
+    from tests.support import toy_models
+
+    def run(recompute):
+        monkeypatch.setattr(toy_models, "ToyLM", lambda rngs, noisy: model("fp8_cs", recompute, "none"))
+        graphdef, spec, state = toy_models.setup(accum=2)
+        host = toy_models.batch(4)
+        nll, count = eval_step(graphdef, spec, state, place_batch(host, 2, spec.mesh))
+        _, metrics = train_step(graphdef, spec, state, place_batch(host, 2, spec.mesh))  # donates
+        return float(metrics["loss"]), float(nll) / float(count)
+
+    kept, recomputed = run(False), run(True)
+    np.testing.assert_allclose(recomputed, kept, rtol=1e-2)
+
+
 def _per_token_residuals(recipe: str, recompute: bool) -> list[tuple]:
     """(shape, dtype) of each per-token tensor layer 0's VJP keeps."""
     m = model(recipe, recompute, "none")
