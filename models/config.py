@@ -105,11 +105,11 @@ class LlamaConfig:
     # cudnn: document slots per row of cuDNN's packed layout (models.cudnn_attention); a row
     # with more documents lets its last ones see each other.
     max_documents: int = 32
-    # The backward rebuilds every Linear's input, and the copies its GEMM keeps (a quantized
-    # recipe's FP8/FP4 copies), from tensors the layer keeps anyway (norm inputs, attention
-    # output, gate and up) instead of saving them: elementwise passes and quantizations
-    # again, the same values bit for bit (models.layers.Block).
-    recompute_linear_inputs: bool = False
+    # The backward rebuilds the SwiGLU product (the down projection's input) and whatever
+    # copies of it the down projection's GEMM keeps (a quantized recipe's FP8/FP4 copies)
+    # from gate and up, which SwiGLU's backward keeps anyway, instead of saving them: one
+    # elementwise pass and quantization more per layer (models.layers.MLP).
+    recompute_mlp_product: bool = False
     dtype: Any = jnp.bfloat16  # compute dtype: activations, matmul inputs, logits
     param_dtype: Any = jnp.float32  # master weights
 
@@ -127,9 +127,9 @@ class LlamaConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {', '.join(REMAT_POLICIES)}")
-        if not isinstance(self.recompute_linear_inputs, bool):
-            raise ValueError(f"recompute_linear_inputs must be true or false, got "
-                             f"{self.recompute_linear_inputs!r}")
+        if not isinstance(self.recompute_mlp_product, bool):
+            raise ValueError(f"recompute_mlp_product must be true or false, got "
+                             f"{self.recompute_mlp_product!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention_impl={self.attention_impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:

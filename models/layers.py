@@ -110,34 +110,6 @@ def _linear(cfg: LlamaConfig, rngs: nnx.Rngs, d_in: int, d_out: int, std: float)
                       kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
-def _rebuilt_in_backward(fn):
-    """``fn(modules, *arrays)`` under a remat that saves nothing of what it computes: the
-    backward runs it again from its inputs (models.config.LlamaConfig.recompute_linear_inputs).
-    The modules enter as their state and are merged afresh inside, so that nothing is
-    written back to Variables of another trace (nnx.remat would, and the trainer's steps
-    merge the model inside a scan)."""
-    def run(modules, *arrays):
-        graphdef, state = nnx.split(modules)
-
-        def pure(state, *arrays):
-            return fn(nnx.merge(graphdef, state), *arrays)
-
-        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(state, *arrays)
-    return run
-
-
-def _project(modules, x):
-    """Each projection of ``norm(x)``, ``modules`` = (norm, projections): the Linears that
-    read one RMSNorm's output."""
-    norm, projections = modules
-    x = norm(x)
-    return tuple(projection(x) for projection in projections)
-
-
-def _apply(linear, x):
-    return linear(x)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = cfg
@@ -147,27 +119,15 @@ class Attention(nnx.Module):
         self.v_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
         self.o_proj = _linear(cfg, rngs, q, d, output_init_std(cfg))
 
-    def __call__(self, norm, x_BxTxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None,
-                 cache_index=None):
-        """Attention over ``norm(x)`` (the pre-attention RMSNorm, applied here so that its
-        output can be rebuilt in the backward); returns the output [B, T, D]; with a KV cache
-        ((k, v), each [B, S, K, H]), returns (output, updated cache), the new keys written at
-        `cache_index`."""
+    def __call__(self, x_BxTxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
+        """Returns the output [B, T, D]; with a KV cache ((k, v), each [B, S, K, H]), returns
+        (output, updated cache), the new keys written at `cache_index`."""
         cfg = self.config
         b, t, _ = x_BxTxD.shape
-        project, apply = _project, _apply
-        if cfg.recompute_linear_inputs:
-            project = _rebuilt_in_backward(_project)
-            # cuDNN's backward needs the attention output, so the output projection's copies
-            # of it are rebuilt from it; XLA's needs the probabilities instead, and keeping
-            # the output for this would cost more than the copies.
-            if cfg.attention_impl == "cudnn":
-                apply = _rebuilt_in_backward(_apply)
-        q, k, v = project((norm, (self.q_proj, self.k_proj, self.v_proj)), x_BxTxD)
         # Names for the remat policies (models.config.MEGATRON_SAVED).
-        q = checkpoint_name(q, "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = checkpoint_name(k, "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        v = checkpoint_name(v, "v").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q = checkpoint_name(self.q_proj(x_BxTxD), "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = checkpoint_name(self.k_proj(x_BxTxD), "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = checkpoint_name(self.v_proj(x_BxTxD), "v").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         # Tensor parallelism splits whole heads: each rank attends with its own heads.
         q = constrain(q, ("batch", "sequence", "heads", "head_dim"))
         k = constrain(k, ("batch", "sequence", "kv_heads", "head_dim"))
@@ -182,28 +142,31 @@ class Attention(nnx.Module):
         else:
             out = attention_core(q, k, v, mask_BxTxS)
         out = checkpoint_name(out.reshape(b, t, cfg.num_heads * cfg.head_dim), "attn_out")
-        out = constrain(apply(self.o_proj, out), BLD)
+        out = constrain(self.o_proj(out), BLD)
         return out if cache is None else (out, (k, v))
 
 
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32, and its backward
-    keeps gate and up in the compute dtype (models.activation_vjp)."""
+    keeps gate and up in the compute dtype (models.activation_vjp).
+
+    With ``recompute_mlp_product`` the product and the down projection run under a remat
+    that saves nothing: the backward rebuilds the product, and what the down projection's
+    GEMM keeps of it (the BF16 product, or a quantized recipe's FP8/FP4 copies), from gate
+    and up, which SwiGLU's backward holds already. The forward GEMM is not run again (its
+    output is not needed there)."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = _linear(cfg, rngs, d, f, cfg.init_std)
         self.up_proj = _linear(cfg, rngs, d, f, cfg.init_std)
         self.down_proj = _linear(cfg, rngs, f, d, output_init_std(cfg))
-        self.recompute_inputs = cfg.recompute_linear_inputs
+        self.recompute_product = cfg.recompute_mlp_product
 
-    def __call__(self, norm, x_BxLxD):
-        """The MLP of ``norm(x)`` (the pre-MLP RMSNorm, applied here as in Attention)."""
-        project, down = _project, _down_of_product
-        if self.recompute_inputs:
-            project, down = _rebuilt_in_backward(_project), _rebuilt_in_backward(_down_of_product)
-        gate, up = project((norm, (self.gate_proj, self.up_proj)), x_BxLxD)
-        gate, up = checkpoint_name(gate, "gate"), checkpoint_name(up, "up")
+    def __call__(self, x_BxLxD):
+        gate = checkpoint_name(self.gate_proj(x_BxLxD), "gate")
+        up = checkpoint_name(self.up_proj(x_BxLxD), "up")
+        down = _rebuilt_in_backward(_down_of_product) if self.recompute_product else _down_of_product
         return constrain(down(self.down_proj, gate, up), BLD)
 
 
@@ -212,15 +175,23 @@ def _down_of_product(down_proj: nnx.Linear, gate, up):
     return down_proj(constrain(h_BxLxF, ("batch", "sequence", "mlp")))
 
 
-class Block(nnx.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then h + mlp(norm(h)).
+def _rebuilt_in_backward(fn):
+    """``fn(module, *arrays)`` under a remat that saves nothing of what it computes: the
+    backward runs it again from its inputs. The module enters as its state and is merged
+    afresh inside, so that nothing is written back to Variables of another trace (nnx.remat
+    would, and the trainer's steps merge the model inside a scan)."""
+    def run(module, *arrays):
+        graphdef, state = nnx.split(module)
 
-    With ``recompute_linear_inputs`` the Linears' inputs are rebuilt in the backward from
-    tensors the layer keeps in BF16 anyway, with whatever copies of them the GEMMs keep (a
-    quantized recipe's FP8/FP4 copies, BF16's own): the two norm outputs from the norm
-    inputs, the SwiGLU product from gate and up (kept for SwiGLU's backward) and, with cuDNN
-    attention, the output projection's copies from the attention output (kept for cuDNN's
-    backward). The forward GEMMs are not run again: their outputs are not needed there."""
+        def pure(state, *arrays):
+            return fn(nnx.merge(graphdef, state), *arrays)
+
+        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(state, *arrays)
+    return run
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer layer: x + attn(norm(x)), then h + mlp(norm(h))."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg)
@@ -229,10 +200,10 @@ class Block(nnx.Module):
         self.mlp = MLP(cfg, rngs=rngs)
 
     def __call__(self, x_BxLxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
-        attn = self.attn(self.attn_norm, x_BxLxD, rope, mask_BxTxS, segment_ids_BxL, cache, cache_index)
+        attn = self.attn(self.attn_norm(x_BxLxD), rope, mask_BxTxS, segment_ids_BxL, cache, cache_index)
         if cache is not None:
             attn, cache = attn
         h_BxLxD = checkpoint_name(x_BxLxD + attn, "residual")
-        out = h_BxLxD + self.mlp(self.mlp_norm, h_BxLxD)
+        out = h_BxLxD + self.mlp(self.mlp_norm(h_BxLxD))
         return out if cache is None else (out, cache)
 

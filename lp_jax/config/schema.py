@@ -97,12 +97,12 @@ class ModelConfig:
     # ones after share the last slot (they see each other). Each slot keeps float32 softmax
     # statistics: 4 * heads bytes per token per layer (models.cudnn_attention).
     max_documents: Optional[int] = None
-    # Rebuild each Linear's input (norm outputs, SwiGLU product) and its GEMM's copies of it
-    # in the backward from the BF16 tensors the layer keeps anyway, instead of keeping them:
-    # None (auto) does when the run quantizes, where the kept copies would be FP8/FP4 ones
-    # beside those BF16 tensors; BF16 keeps them, as Megatron's layer does
-    # (models.layers.Block; docs/models.md).
-    recompute_linear_inputs: Optional[bool] = None
+    # Rebuild the SwiGLU product (the down projection's input) and its GEMM's copies of it in
+    # the backward from gate and up, kept anyway, instead of keeping them: None (auto) does
+    # when the run quantizes with remat=none, where the kept copies would be FP8/FP4 ones
+    # beside the BF16 gate and up; BF16 keeps the product, as Megatron's layer does
+    # (models.layers.MLP; docs/models.md).
+    recompute_mlp_product: Optional[bool] = None
     # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
     # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
     dtype: str = "bfloat16"

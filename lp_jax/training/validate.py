@@ -76,9 +76,11 @@ def resolve(config: TrainConfig, device_count: int | None = None, check_files: b
     tokenizer = run_tokenizer(config)
     model_config = _model_config(config, tokenizer)
     phases = _phases(config, model_config.num_layers)
-    if config.model.recompute_linear_inputs is None:  # auto: where the kept copy is quantized
-        model_config = model_config.replace(
-            recompute_linear_inputs=any(p.recipe.quantized for p in phases))
+    if config.model.recompute_mlp_product is None:
+        # Auto: where the kept copy would be a quantized one and no remat policy decides
+        # what is kept (under one, the plan measured no saving: docs/plan.md).
+        model_config = model_config.replace(recompute_mlp_product=model_config.remat == "none"
+                                            and any(p.recipe.quantized for p in phases))
     data_parallel, fsdp, tensor = mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
                                              jax.device_count() if device_count is None else device_count)
     per_pass = config.data.micro_batch_size * data_parallel * fsdp

@@ -1,6 +1,6 @@
-"""Prints, per case, whether recompute_linear_inputs leaves a 1-layer tiny Llama's loss and
+"""Prints, per case, whether recompute_mlp_product leaves a 1-layer tiny Llama's loss and
 every gradient bit for bit the same: `<recipe> <remat> <equal>`. Run it with
---xla_allow_excess_precision=false (tests/models/test_linear_input_recompute.py says why)."""
+--xla_allow_excess_precision=false (tests/models/test_mlp_product_recompute.py says why)."""
 import dataclasses
 import sys
 
@@ -15,7 +15,7 @@ from models import llama
 
 def model(recipe: str, recompute: bool, remat: str) -> llama.Llama:
     cfg = llama.preset("tiny", dtype=jnp.bfloat16, num_layers=1, remat=remat,
-                       recompute_linear_inputs=recompute)
+                       recompute_mlp_product=recompute)
     m = llama.Llama(cfg, rngs=nnx.Rngs(0))
     if recipe != "bf16":  # every layer quantized: the recipe's own policy would keep some BF16
         apply_recipe(m, dataclasses.replace(get_recipe(recipe), first_bf16_layers=0, last_bf16_layers=0))

@@ -1,7 +1,7 @@
-"""recompute_linear_inputs: the backward rebuilds the Linears' inputs (the norm outputs, the
-SwiGLU product) and their GEMMs' copies of them from tensors the layer keeps anyway, instead
-of keeping them. The loss and every gradient are the same bits; the layer keeps exactly those
-copies less; a run's default turns it on where the kept copies would be quantized ones."""
+"""recompute_mlp_product: the backward rebuilds the SwiGLU product and the down projection's
+copies of it from gate and up, which SwiGLU's backward keeps anyway, instead of keeping them.
+The loss and every gradient are the same bits; the layer keeps exactly the product's copy
+less; a run's default turns it on where that copy would be a quantized one."""
 import jax
 import jax.numpy as jnp
 import pytest
@@ -63,28 +63,24 @@ def _per_token_residuals(recipe: str, recompute: bool) -> list[tuple]:
 
 
 @pytest.mark.parametrize("recipe,dtype", [("bf16", "bfloat16"), ("fp8_cs", "float8_e4m3fn")])
-def test_the_layer_keeps_exactly_the_linear_inputs_copies_less(recipe, dtype):
-    """Dropped: one copy of the hidden-sized input per Linear that reads a norm output (q, k,
-    v, gate, up: JAX keeps one each, XLA one per norm) and the SwiGLU product's; nothing is
-    kept instead. (With XLA attention the output projection keeps its copy: XLA's attention
-    backward does not keep the output it would be rebuilt from.)"""
+def test_the_layer_keeps_exactly_the_products_copy_less(recipe, dtype):
+    """Dropped: the product (BF16) or its FP8 copy, and nothing else; nothing is kept instead."""
     kept, recomputed = _per_token_residuals(recipe, False), _per_token_residuals(recipe, True)
-    cfg = llama.preset("tiny")
     dropped = list(kept)
     for item in recomputed:
         dropped.remove(item)  # raises if something new is kept
-    sizes = sorted(int(jnp.prod(jnp.array(shape))) for shape, name in dropped if name == dtype)
-    assert sizes == sorted([B * L * cfg.hidden_size] * 5 + [B * L * cfg.intermediate_size])
-    assert all(name == dtype for _, name in dropped)
+    sizes = [(int(jnp.prod(jnp.array(shape))), name) for shape, name in dropped]
+    assert sizes == [(B * L * llama.preset("tiny").intermediate_size, dtype)]
 
 
 def test_a_run_recomputes_where_it_quantizes_unless_told(tmp_path):
     def plan(*keys):
         return resolve(load_config(None, [f"run_dir={tmp_path}", "data.source=mock", *keys]),
-                       check_files=False).model_config.recompute_linear_inputs
-    assert plan() is False  # BF16 keeps them, as Megatron's layer does
+                       check_files=False).model_config.recompute_mlp_product
+    assert plan() is False  # BF16 keeps the product, as Megatron's layer does
     assert plan("precision=fp8_cs") is True
-    assert plan("precision=nvfp4", "model.recompute_linear_inputs=false") is False
-    assert plan("model.recompute_linear_inputs=true") is True
-    with pytest.raises(ValueError, match="recompute_linear_inputs must be true or false"):
-        llama.preset("tiny", recompute_linear_inputs="yes")
+    assert plan("precision=fp8_cs", "model.remat=elementwise") is False  # the policy decides
+    assert plan("precision=nvfp4", "model.recompute_mlp_product=false") is False
+    assert plan("model.recompute_mlp_product=true") is True
+    with pytest.raises(ValueError, match="recompute_mlp_product must be true or false"):
+        llama.preset("tiny", recompute_mlp_product="yes")
