@@ -16,6 +16,7 @@ from tests.support.recompute_bits import model
 B, L = 2, 40  # 80 tokens: no weight's size is a multiple of it at the tiny shapes
 
 
+@pytest.mark.slow  # a subprocess compiling six train steps
 def test_same_loss_and_gradients_bit_for_bit():
     """In a process with XLA's excess precision off: with it on (XLA's default), a BF16
     intermediate fused into another kernel may stay FP32, and the remat's boundaries move
