@@ -28,6 +28,12 @@ CONFIGS = ("config.yaml", "study_config.yaml")
 REQUIRED = ("config.yaml", "metrics.jsonl")
 # The folder is a session key (never compared): a record names it relative to the records.
 RUN_DIR_LINE = re.compile(r"^run_dir: .*$", re.MULTILINE)
+MACHINE_FILE = "machine.json"
+
+
+def reaches(metrics: list[dict], target_step: int) -> bool:
+    """The metrics rows reach ``target_step``: the run trained to its end."""
+    return bool(metrics) and metrics[-1].get("step", -1) >= target_step
 
 
 def record_path(records: str | os.PathLike, runs_dir: str | os.PathLike,
@@ -43,8 +49,7 @@ def finished(folder: str | os.PathLike, target_step: int) -> bool:
     """The folder's metrics reach ``target_step`` (the run trained to its end)."""
     if not all((pathlib.Path(folder) / name).is_file() for name in REQUIRED):
         return False
-    metrics = read_metrics(os.fspath(folder))
-    return bool(metrics) and metrics[-1].get("step", -1) >= target_step
+    return reaches(read_metrics(os.fspath(folder)), target_step)
 
 
 def restore(record: pathlib.Path, run_dir: str | os.PathLike, target_step: int) -> bool:
@@ -71,17 +76,16 @@ def save(run_dir: str | os.PathLike, record: pathlib.Path, records: str | os.Pat
     relative = os.path.relpath(record, records)
     for name in RECORD_FILES:
         source = pathlib.Path(run_dir) / name
-        if name in CONFIGS and source.is_file():
+        if not source.is_file():
+            continue
+        if name in CONFIGS:
             text = RUN_DIR_LINE.sub(lambda _: f"run_dir: {relative}", source.read_text(), count=1)
             (partial / name).write_text(text)
-        elif source.is_file():
+        else:
             shutil.copy2(source, partial / name)
     (partial / MACHINE_FILE).write_text(json.dumps(machine(), indent=1) + "\n")
     shutil.rmtree(record, ignore_errors=True)
     os.replace(partial, record)
-
-
-MACHINE_FILE = "machine.json"
 
 
 def machine() -> dict:

@@ -22,6 +22,7 @@ import yaml
 from lp_jax.config.schema import TrainConfig
 from lp_jax.config.yaml_io import SESSION_KEYS, changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.runs.run_folder import checkpoint_folder
+from lp_jax.study import records
 from lp_jax.training.metrics import read_metrics
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def inspect_run(config: TrainConfig) -> RunStatus:
     metrics = read_metrics(config.run_dir)
     if latest is not None and latest >= target and metrics and metrics[-1].get("step") == latest:
         return RunStatus("complete", target, latest)
-    if latest is None and metrics and metrics[-1].get("step", -1) >= target:
+    if latest is None and records.reaches(metrics, target):
         # A finished run's record (lp_jax.study.records): its metrics, no checkpoint.
         return RunStatus("complete", target, message="recorded (its metrics, no checkpoint)")
     if latest is not None:
