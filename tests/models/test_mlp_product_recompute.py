@@ -2,15 +2,14 @@
 copies of it from gate and up, which SwiGLU's backward keeps anyway, instead of keeping them.
 The loss and every gradient are the same bits; the layer keeps exactly the product's copy
 less; a run's default turns it on where that copy would be a quantized one."""
-import jax
 import jax.numpy as jnp
 import pytest
-from flax import nnx
 
 from lp_jax.config.yaml_io import load_config
 from lp_jax.training.validate import resolve
 from models import llama
 from tests.support.forced_devices import run_python
+from tests.support.layer_residuals import layer_vjp_leaves
 from tests.support.recompute_bits import model
 
 B, L = 2, 40  # 80 tokens: no weight's size is a multiple of it at the tiny shapes
@@ -52,15 +51,8 @@ def test_the_trainers_steps_run_it(monkeypatch):
 
 def _per_token_residuals(recipe: str, recompute: bool) -> list[tuple]:
     """(shape, dtype) of each per-token tensor layer 0's VJP keeps."""
-    m = model(recipe, recompute, "none")
-    graphdef, params, rest = nnx.split(m.layers[0], nnx.Param, ...)
-    body = m._layer_fn(graphdef)
-    x = jnp.ones((B, L, m.config.hidden_size), jnp.bfloat16)
-    rope = llama.rope_tables(jnp.broadcast_to(jnp.arange(L), (B, L)), m.config)
-    mask = llama.causal_document_mask(None, B, L)
-    _, vjp = jax.vjp(lambda p, x: body(p, rest, x, jnp.int32(0), rope, mask, None), params, x)
-    return sorted((leaf.shape, leaf.dtype.name) for leaf in jax.tree.leaves(vjp)
-                  if hasattr(leaf, "shape") and leaf.size and leaf.size % (B * L) == 0)
+    leaves = layer_vjp_leaves(model(recipe, recompute, "none"), B, L)
+    return sorted((leaf.shape, leaf.dtype.name) for leaf in leaves if leaf.size and leaf.size % (B * L) == 0)
 
 
 @pytest.mark.parametrize("recipe,dtype", [("bf16", "bfloat16"), ("fp8_cs", "float8_e4m3fn")])

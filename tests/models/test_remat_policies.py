@@ -1,26 +1,20 @@
 """What each remat policy keeps for a layer's backward: the activations its VJP holds, in
 bytes per token per hidden unit, at the tiny config's shapes in BF16 (XLA attention)."""
-import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
 
 from models import llama
+from tests.support.layer_residuals import layer_vjp_leaves
 
 B, L = 3, 64
 
 
 def _kept_per_token_hidden(remat: str) -> float:
     cfg = llama.preset("tiny", dtype=jnp.bfloat16, remat=remat)
-    model = llama.Llama(cfg, rngs=nnx.Rngs(0))
-    graphdef, params, rest = nnx.split(model.layers[0], nnx.Param, ...)
-    body = model._layer_fn(graphdef)
-    x = jnp.ones((B, L, cfg.hidden_size), jnp.bfloat16)
-    rope = llama.rope_tables(jnp.broadcast_to(jnp.arange(L), (B, L)), cfg)
-    mask = llama.causal_document_mask(None, B, L)
-    _, vjp = jax.vjp(lambda p, x: body(p, rest, x, jnp.int32(0), rope, mask, None), params, x)
+    leaves = layer_vjp_leaves(llama.Llama(cfg, rngs=nnx.Rngs(0)), B, L)
     # Per-token tensors only (the weights have no batch axis).
-    kept = [leaf for leaf in jax.tree.leaves(vjp) if getattr(leaf, "shape", ())[:1] == (B,)]
+    kept = [leaf for leaf in leaves if leaf.shape[:1] == (B,)]
     return sum(leaf.nbytes for leaf in kept) / (B * L) / cfg.hidden_size
 
 
