@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layer-bytes", action="store_true",
                    help="also measure what one layer keeps for its backward, in bytes per token per "
                         "hidden unit (four more compiles per recipe, at 2 and 3 layers; docs/plan.md)")
+    p.add_argument("--layer-cost", action="store_true",
+                   help="also measure one layer's forward and backward: HBM bytes, kernels, GEMM and "
+                        "other time, against BF16's and the quantization's floor (two more compiles per "
+                        "recipe, shared with --layer-bytes; docs/plan.md)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as train.py")
     return p
 
@@ -47,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lp_jax.errors import UserError
     from lp_jax.plan.gpus import gpu as gpu_named
     from lp_jax.plan.rows import with_ratios
-    from lp_jax.plan.table import table
+    from lp_jax.plan.table import layer_table, table
     from lp_jax.recipes import RECIPES as KNOWN
     from lp_jax.training.cli import find_config
     from lp_jax.training.validate import resolve
@@ -83,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(_compile(config_path, args, recipe, count))
     rows = with_ratios(rows)
     print(table(rows, gpu, count))
+    if args.layer_cost:
+        print()
+        print(layer_table(rows, gpu))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": gpu.name, "gpus": count, "rows": rows}, f, indent=2)
@@ -96,7 +103,8 @@ def _mesh_size(config) -> int | None:
 
 def _compile(config_path: str, args, recipe: str, count: int) -> dict:
     request = {"config": config_path, "overrides": list(args.overrides), "recipe": recipe,
-               "gpu": args.gpu, "gpus": count, "hlo_dir": args.hlo_dir, "layer_bytes": args.layer_bytes}
+               "gpu": args.gpu, "gpus": count, "hlo_dir": args.hlo_dir, "layer_bytes": args.layer_bytes,
+               "layer_cost": args.layer_cost}
     proc = subprocess.run([sys.executable, "-m", "lp_jax.plan.worker", json.dumps(request)],
                           capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()

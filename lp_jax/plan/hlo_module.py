@@ -158,6 +158,24 @@ class Module:
                             order.append(callee)
         return dict(mult)
 
+    def looped(self) -> set[str]:
+        """The executed computations that run inside a ``while`` (its body or condition, and
+        what those call)."""
+        inside: set[str] = set()
+        order = [(self.entry, False)]
+        seen = set()
+        while order:
+            name, in_loop = order.pop()
+            if (name, in_loop) in seen or name not in self.computations:
+                continue
+            seen.add((name, in_loop))
+            if in_loop:
+                inside.add(name)
+            for instr in self.computations[name].instructions:
+                for callee, _ in _callees(instr):
+                    order.append((callee, in_loop or instr.opcode == "while"))
+        return inside
+
     def trip_counts(self) -> list[int]:
         """The known trip count of every while loop (1 where XLA states none)."""
         return [n for comp in self.computations.values() for i in comp.instructions

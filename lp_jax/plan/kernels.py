@@ -53,16 +53,18 @@ class Kernel:
     collective: str | None = None  # one of COLLECTIVES
     group_size: int = 1  # devices in the collective's groups
     is_async: bool = False  # a collective the scheduler may overlap with compute
+    looped: bool = False  # its computation runs inside a while loop (a layer scan)
 
 
 def kernels(module: Module, device_count: int = 1) -> list[Kernel]:
     """Every kernel launch of one run of the module, grouped by instruction."""
-    out = []
+    out, looped = [], module.looped()
     for comp_name, runs in module.runs().items():
         for instr in module.computations[comp_name].instructions:
             if instr.opcode in NOT_KERNELS:
                 continue
-            out.append(_kernel(module, instr, runs, device_count))
+            k = _kernel(module, instr, runs, device_count)
+            out.append(dataclasses.replace(k, looped=True) if comp_name in looped else k)
     return out
 
 

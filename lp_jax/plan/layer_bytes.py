@@ -25,17 +25,26 @@ class LayerBytes:
     temp_bytes: dict  # (layers, seq_len) -> temporaries per device, as compiled
 
 
-def temp_bytes(config_path: str, overrides: list[str], gpu: GPU, count: int) -> tuple[int, object]:
+def compile_layers(config_path: str, overrides: list[str], gpu: GPU, count: int, layers: int,
+                   seq_len: int, cache: dict | None = None):
+    """(the step compiled with ``layers`` layers, all quantized, at ``seq_len``, its plan);
+    ``cache`` keeps compiles that a second measure of the same recipe reuses."""
     from lp_jax.config.yaml_io import load_config
     from lp_jax.training.validate import resolve
 
-    plan = resolve(load_config(config_path, overrides), device_count=count, check_files=False)
-    step = compile_step(plan, gpu, count)
-    return int(step.compiled.memory_analysis().temp_size_in_bytes), plan
+    key = (layers, seq_len)
+    if cache is not None and key in cache:
+        return cache[key]
+    full = [*overrides, *ALL_QUANTIZED, f"model.num_layers={layers}", f"data.seq_len={seq_len}"]
+    plan = resolve(load_config(config_path, full), device_count=count, check_files=False)
+    out = compile_step(plan, gpu, count), plan
+    if cache is not None:
+        cache[key] = out
+    return out
 
 
 def layer_bytes(config_path: str, overrides: list[str], gpu: GPU, count: int,
-                seq_len: int | None = None) -> LayerBytes:
+                seq_len: int | None = None, cache: dict | None = None) -> LayerBytes:
     """Four compiles: layers 2 and 3 at ``seq_len`` (default the config's) and at half of it."""
     from lp_jax.config.yaml_io import load_config
 
@@ -46,9 +55,8 @@ def layer_bytes(config_path: str, overrides: list[str], gpu: GPU, count: int,
     temps, plan = {}, None
     for seq in seqs:
         for layers in LAYERS:
-            temps[(layers, seq)], plan = temp_bytes(
-                config_path, [*overrides, *ALL_QUANTIZED, f"model.num_layers={layers}",
-                              f"data.seq_len={seq}"], gpu, count)
+            step, plan = compile_layers(config_path, overrides, gpu, count, layers, seq, cache)
+            temps[(layers, seq)] = int(step.compiled.memory_analysis().temp_size_in_bytes)
     one_layer = {seq: temps[(LAYERS[1], seq)] - temps[(LAYERS[0], seq)] for seq in seqs}
     tokens = plan.config.data.micro_batch_size * (seqs[1] - seqs[0])
     per = (one_layer[seqs[1]] - one_layer[seqs[0]]) / tokens / plan.model_config.hidden_size

@@ -44,3 +44,40 @@ def table(rows: list[dict], gpu: GPU, count: int) -> str:
             if m["would_help"]:
                 lines.append(f"  would help: {'; '.join(m['would_help'])}")
     return "\n".join(lines)
+
+
+LAYER_HEADER = ("recipe", "layer HBM GB", "extra over BF16 GB", "quantization floor GB", "extra / floor",
+                "kernels", "kernels x BF16", "GEMM ms", "other ms", "other / GEMM", "est. ms",
+                "est. x BF16", "outside loops GB / kernels / ms")
+
+
+def _layer_cells(r: dict, base: dict | None) -> list[str]:
+    c = r["layer_cost"]
+    loops, outside = c["loops"], c["outside"]
+    extra = None if base is None else loops["hbm_bytes"] - base["loops"]["hbm_bytes"]
+    floor = c["quant_minimum_bytes"]
+    ratio = lambda a, b: "-" if b in (None, 0) or a is None else f"{a / b:.2f}"  # noqa: E731
+    return [r["recipe"], f"{loops['hbm_bytes'] / GB:.2f}",
+            "-" if extra is None or r["recipe"] == "bf16" else f"{extra / GB:.2f}",
+            "-" if not floor else f"{floor / GB:.2f}",
+            "-" if not floor else ratio(extra, floor),
+            str(loops["kernels"]), "-" if base is None else ratio(loops["kernels"], base["loops"]["kernels"]),
+            f"{loops['gemm_s'] * 1e3:.2f}", f"{loops['other_s'] * 1e3:.2f}",
+            ratio(loops["other_s"], loops["gemm_s"]), f"{loops['time_s'] * 1e3:.2f}",
+            "-" if base is None else ratio(base["loops"]["time_s"], loops["time_s"]),
+            f"{outside['hbm_bytes'] / GB:.2f} / {outside['kernels']} / {outside['time_s'] * 1e3:.2f}"]
+
+
+def layer_table(rows: list[dict], gpu: GPU) -> str:
+    """One layer's forward and backward per recipe (``--layer-cost``): the difference of the
+    step at 3 and 2 layers inside the layer loops, the rest of that difference apart."""
+    measured = [r for r in rows if "layer_cost" in r]
+    if not measured:
+        return ""
+    base = next((r["layer_cost"] for r in measured if r["recipe"] == "bf16"), None)
+    seq = measured[0]["layer_cost"]["seq_len"]
+    lines = [f"One layer, forward and backward, sequence {seq}, every Linear quantized, on one {gpu.name} "
+             "(the step at 3 layers less the step at 2; times estimated by the roofline, not measured)", "",
+             "| " + " | ".join(LAYER_HEADER) + " |", "|" + "---|" * len(LAYER_HEADER)]
+    lines += ["| " + " | ".join(_layer_cells(r, base)) + " |" for r in measured]
+    return "\n".join(lines)

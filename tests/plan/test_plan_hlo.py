@@ -122,6 +122,8 @@ def test_a_loop_of_four_counts_its_body_four_times_and_a_slice_update_in_place()
     # and the index: not the buffer.
     assert update.runs == 4 and update.bytes == 32 * 64 * 4 * 2 + 4
     assert by_name["lt"].runs == 4 and "loop" not in by_name  # the while itself launches nothing
+    assert module.looped() == {"body", "cond"} and all(k.looped for k in by_name.values())
+    assert not any(k.looped for k in kernels(Module.parse(DOT)))
 
 
 def test_an_async_all_reduce_counts_once_and_overlaps_with_compute():
