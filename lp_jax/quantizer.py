@@ -1,28 +1,38 @@
 """``lp_jax.quantize``: the public quantizer, run by XLA or by the Pallas kernels.
 
 "xla" is ``lp_jax.numerics.quantize`` (the definition); "pallas" is ``lp_jax.kernels``
-(Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "xla"
-while ``MEASURED_FASTER`` is empty (docs/backends.md).
+(Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "pallas"
+for the formats of ``PALLAS_ON_GPU`` in a program traced for a Hopper-or-later GPU and "xla"
+anywhere else (docs/backends.md).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from lp_jax.kernels.api import quantize_pallas
+from lp_jax.kernels.launch import traced_for_gpu
 from lp_jax.numerics.quantize import QuantizedTensor, as_quantizer_input, check_quantize_args, quantize_xla
 from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
 
-# Platforms where the kernels were measured faster than XLA (``bench.bench_kernels`` on a
-# GPU).
-MEASURED_FASTER: tuple[str, ...] = ()
+# Formats whose kernels "auto" runs in a program traced for a GPU: in Llama 3 8B's layer
+# compiled for a GB200, their layer moved fewer HBM bytes in fewer kernels with the Pallas
+# kernels than with XLA's fusions (MXFP8 23.9 GB in 217 kernels against 30.8 GB in 258,
+# NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md, "One layer's cost"): the plan's count
+# of a deviceless compile, not a timing on a GPU. FP8-CS moved fewer bytes in more kernels
+# (247 against 195: its amax is a pass of its own), so XLA keeps it.
+PALLAS_ON_GPU: tuple[str, ...] = ("mxfp8", "nvfp4")
 
 
-def resolve_impl(impl: str) -> str:
-    """"xla" or "pallas" for ``impl``; "auto" is "xla" while ``MEASURED_FASTER`` is empty."""
+def resolve_impl(impl: str, fmt: str | None = None, *, tensor_amax=None, block_scale_search=None) -> str:
+    """"xla" or "pallas" for ``impl``. "auto" is "pallas" for a format of ``PALLAS_ON_GPU``
+    traced for a GPU, unless the call needs what only XLA does (a given ``tensor_amax``, 4/6
+    block scales); "xla" otherwise."""
     check_choice("impl", impl, QUANTIZE_IMPLS)
     if impl != "auto":
         return impl
-    return "pallas" if MEASURED_FASTER else "xla"
+    pallas = (fmt in PALLAS_ON_GPU and tensor_amax is None and not block_scale_search
+              and traced_for_gpu())
+    return "pallas" if pallas else "xla"
 
 
 def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
@@ -42,7 +52,7 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     tensor_amax: max |x| of the whole tensor when x is one shard of it (reduced across the
     shards by the caller), for the per-tensor scales of fp8_e4m3/fp8_e5m2 and nvfp4.
     """
-    if resolve_impl(impl) == "xla":
+    if resolve_impl(impl, fmt, tensor_amax=tensor_amax, block_scale_search=block_scale_search) == "xla":
         return quantize_xla(x, fmt, axis, block_2d=block_2d, rounding=rounding, key=key,
                             scale_rule=scale_rule, tensor_amax=tensor_amax,
                             block_scale_search=block_scale_search, metric=metric)

@@ -81,7 +81,7 @@ def uses_pallas(spec: OperandSpec) -> bool:
     """Whether spec's copies come from the Pallas kernels (``lp_jax.kernels``; the same bits).
     Never for 4/6 block scales, which only XLA quantizes."""
     return (spec.fmt is not None and not spec.block_scale_search
-            and resolve_impl(spec.quantize_impl) == "pallas")
+            and resolve_impl(spec.quantize_impl, spec.fmt) == "pallas")
 
 
 def operand(t, spec: OperandSpec, axis: int, key=None):

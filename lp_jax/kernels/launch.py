@@ -79,6 +79,18 @@ def cuda_lowering_error(fn, *args) -> str | None:
     return None
 
 
+def traced_for_gpu() -> bool:
+    """Whether kernels traced now are compiled for a Hopper-or-later GPU (the process's, or
+    the one a deviceless compile describes inside ``compiled_kernels``), not interpreted:
+    where Mosaic GPU runs them."""
+    from lp_jax.gemm.cuda_target import cuda_major
+
+    if jax.default_backend() != "gpu" and not _COMPILED.get():
+        return False
+    major = cuda_major()
+    return major is None or major >= 9
+
+
 def interpret_params(interpret: bool | None):
     """Pallas's GPU interpreter off the GPU: ``interpret=None`` runs the kernels compiled
     where JAX's default backend is a GPU (or inside ``compiled_kernels``) and interpreted (on

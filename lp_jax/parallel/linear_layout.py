@@ -51,6 +51,12 @@ class LinearLayout:
         splits = lambda axis: self.mesh_shape.get(axis, 1) > 1  # noqa: E731
         return splits("data") and any(splits(a) for a in self.mesh_shape if a != "data")
 
+    @property
+    def partitioned(self) -> bool:
+        """Some GEMM sees arrays the partitioner splits (fsdp or tensor > 1); with data
+        parallelism alone the trainer's data shard_map is manual and every GEMM is local."""
+        return any(n > 1 for a, n in self.mesh_shape.items() if a != "data")
+
     def gather(self, path: str, kernel_shape, recipe: Recipe) -> tuple | None:
         """The kernel's mesh layout when the GEMM all-gathers its quantized bytes, else None."""
         if not (recipe.quantized and recipe.param_gather) or self.mesh_shape.get("fsdp", 1) <= 1 \

@@ -156,6 +156,9 @@ class Layout(Protocol):
     @property
     def partly_manual(self) -> bool: ...
 
+    @property
+    def partitioned(self) -> bool: ...
+
 
 def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
                  num_layers: int | None = None, fp32_weight_gradients: bool = True,
@@ -169,6 +172,10 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
     one, none does."""
     if isinstance(recipe, str):
         recipe = get_recipe(recipe)
+    if layout is not None and layout.partitioned and recipe.quantize_impl == "auto":
+        # The Pallas quantizers bring no partitioning rule (their amax is over what they are
+        # given): where the GEMMs see arrays the partitioner splits, "auto" keeps XLA's.
+        recipe = dataclasses.replace(recipe, quantize_impl="xla")
     includes, excludes = _patterns(include), _patterns(exclude)
     used = {p: False for p in includes + excludes}
     linears = list(_linears(model))

@@ -87,6 +87,26 @@ def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
                                layout=LinearLayout({"data": 1, "fsdp": 8, "tensor": 1})).gathered == []
 
 
+
+def _quantize_impls(model):
+    return {n.dot_general.recipe.quantize_impl for _, n in nnx.iter_graph(model)
+            if isinstance(n, nnx.Linear) and n.dot_general.recipe.quantized}
+
+
+def test_auto_quantizers_stay_xla_where_the_partitioner_splits_the_gemms():
+    """The Pallas kernels bring no partitioning rule: with fsdp or tensor > 1, "auto" is
+    XLA's quantizers; with data parallelism alone (local GEMMs) it stays "auto"."""
+    model = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=2), rngs=nnx.Rngs(0)))
+    for mesh, impls in (({"data": 1, "fsdp": 2, "tensor": 1}, {"xla"}),
+                        ({"data": 1, "fsdp": 1, "tensor": 2}, {"xla"}),
+                        ({"data": 8, "fsdp": 1, "tensor": 1}, {"auto"})):
+        lp_jax.apply_recipe(model, "mxfp8", layout=LinearLayout(mesh))
+        assert _quantize_impls(model) == impls, mesh
+    lp_jax.apply_recipe(model, lp_jax.get_recipe("mxfp8", quantize_impl="pallas"),
+                        layout=LinearLayout({"data": 1, "fsdp": 2, "tensor": 1}))
+    assert _quantize_impls(model) == {"pallas"}  # a forced choice is the user's
+
+
 GEMMS = r'''
 import json, re, sys
 import jax, jax.numpy as jnp, numpy as np

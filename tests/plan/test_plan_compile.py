@@ -69,7 +69,8 @@ def test_memory_figures_are_xlas_buffer_assignment():
     from lp_jax.plan.rows import row
     from lp_jax.training.validate import resolve
 
-    plan = resolve(load_config(TINY, [*SMALL, "precision.recipe=mxfp8"]), device_count=1, check_files=False)
+    plan = resolve(load_config(TINY, [*SMALL, "precision.recipe=mxfp8", "precision.quantize_impl=xla"]),
+                   device_count=1, check_files=False)
     step = compile_step(plan, GPUS["h200"], 1)
     m = step.compiled.memory_analysis()
     got = row(plan, GPUS["h200"], 1, step)["memory"]
@@ -155,7 +156,10 @@ def test_every_gemm_backend_compiles_for_the_gpu(gpu, recipe, backend):
 
     import lp_jax as lp
 
-    dg = lp.dot_general(lp.get_recipe(recipe, backend=backend, first_bf16_layers=0, last_bf16_layers=0))
+    # XLA's quantizers: the Pallas ones are Mosaic GPU kernels, and a process links those for
+    # the first SM version it compiles for (test_the_pallas_quantizers_compile_for_the_gpu).
+    dg = lp.dot_general(lp.get_recipe(recipe, backend=backend, first_bf16_layers=0, last_bf16_layers=0,
+                                      quantize_impl="xla"))
     text = _compiled_text(lambda x, w: dg(x, w, (((1,), (0,)), ((), ()))), gpu,
                           ((128, 256), jnp.bfloat16), ((256, 128), jnp.float32))
     if backend in ("cudnn", "auto") and recipe != "fp8_cs" and gpu == "b200":

@@ -9,9 +9,12 @@ from tests.support.plan_targets import TINY, needs_plugin
 
 pytestmark = pytest.mark.gpu_compile
 # The 8B's proportions at a small width: FFN 3.5x, 4 query heads per KV head, head_dim 128.
+# XLA's quantizers: "auto" picks the Pallas ones for a GPU, Mosaic GPU kernels, which a
+# process links for the first SM version it compiles for, and these compile in-process.
 NARROW = ["model.hidden_size=512", "model.intermediate_size=1792", "model.num_heads=4", "model.num_kv_heads=1",
-          "model.head_dim=128", "model.max_seq_len=8192", "model.scan_layers=true", "model.attention_impl=cudnn",
-          "data.source=mock", "data.micro_batch_size=1", "data.global_batch_size=1"]
+          "model.head_dim=128", "model.max_seq_len=8192", "model.scan_layers=true",
+          "model.attention_impl=cudnn", "data.source=mock", "data.micro_batch_size=1",
+          "data.global_batch_size=1", "precision.quantize_impl=xla"]
 
 
 def _gpu():
