@@ -31,7 +31,7 @@ from bench.common import platform_line, print_table  # noqa: E402
 from bench.hlo_gemms import BLOCK_SCALED_DOT, compiled_gemms  # noqa: E402
 from lp_jax import context  # noqa: E402
 from lp_jax.gemm import backends  # noqa: E402
-from lp_jax.gemm.cuda_target import cuda_major  # noqa: E402
+from lp_jax.kernels.cuda_target import cuda_major  # noqa: E402
 
 RECIPES = ("fp8_cs", "fp8_block", "mxfp8", "nvfp4")
 # Element types the compiled program must still hold (E8M0 scales travel as uint8 codes).

@@ -18,7 +18,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from lp_jax.gemm import cudnn, operands, wgmma, xla_fp8
-from lp_jax.gemm.cuda_target import cuda_major, cuda_target  # noqa: F401  (cuda_target re-exported)
+from lp_jax.kernels.cuda_target import cuda_major, cuda_target  # noqa: F401  (cuda_target re-exported)
 from lp_jax.recipes import BACKENDS, Recipe  # noqa: F401  (BACKENDS: the names, re-exported)
 
 # Each backend's GEMM; the module named says what it computes.

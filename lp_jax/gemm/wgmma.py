@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.cuda_target import cuda_major
+from lp_jax.kernels.cuda_target import cuda_major
 from lp_jax.gemm.cudnn import block_operand
 from lp_jax.gemm.wgmma_partitioning import partitioned
 from lp_jax.kernels.fp8_block_gemm import SCOPE, fp8_block_gemm

@@ -16,6 +16,7 @@ from lp_jax.kernels.launch import SMEM_LANES, Block, tiled_kernel
 from lp_jax.kernels.pallas_nvfp4 import rht_amax_bits
 from lp_jax.kernels.strided import Tile, is_interpreted
 from lp_jax.kernels.tiles import Tiling
+from lp_jax.numerics.manual_axes import tensor_amax as manual_tensor_amax
 from lp_jax.numerics.quantize import abs_max
 
 
@@ -23,7 +24,7 @@ def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpr
     """x3: [A, R, C] padded to whole tiles. Returns the float32 amaxes asked for, as a tuple:
     (max |x|,) and/or (max |RHT_R(x)|,). With ``rht``, the tiles are ``nvfp4_tiling``'s."""
     def compute(_, x_s, *out_s):
-        out = [abs_max(x_s.at[0][...])] if plain else []
+        out = [abs_max(x_s.at[0][...], axis=(0, 1))] if plain else []  # this tile's
         if rht:
             bits = rht_amax_bits(Tile(x_s.at[0], is_interpreted(interpret)))
             out.append(lax.bitcast_convert_type(jnp.max(bits), jnp.float32))
@@ -36,4 +37,5 @@ def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpr
     one = Block((1, 1, SMEM_LANES), lambda a, i, j: (a, i, j))
     parts = tiled_kernel(compute, [x3], [Block((1, t.tr, t.tc), lambda a, i, j: (a, i, j))],
                          [partial] * n_out, [one] * n_out, t.grid, interpret, by_ref=True)
-    return tuple(jnp.max(p) for p in parts)
+    # Inside the trainer's shard_map the tensor is every device's piece, as for XLA's amax.
+    return tuple(manual_tensor_amax(jnp.max(p)) for p in parts)

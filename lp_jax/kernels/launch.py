@@ -20,6 +20,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from lp_jax.kernels.cuda_target import cuda_major
+
 GRID_NAMES = ("a", "i", "j")  # batch, tile row, tile column
 
 
@@ -83,8 +85,6 @@ def traced_for_gpu() -> bool:
     """Whether kernels traced now are compiled for a Hopper-or-later GPU (the process's, or
     the one a deviceless compile describes inside ``compiled_kernels``), not interpreted:
     where Mosaic GPU runs them."""
-    from lp_jax.gemm.cuda_target import cuda_major
-
     if jax.default_backend() != "gpu" and not _COMPILED.get():
         return False
     major = cuda_major()

@@ -17,7 +17,7 @@ from flax import nnx
 from jax.experimental import topologies
 
 import lp_jax
-from lp_jax.gemm.cuda_target import cuda_target
+from lp_jax.kernels.cuda_target import cuda_target
 from lp_jax.kernels.launch import compiled_kernels
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh

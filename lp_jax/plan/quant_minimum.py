@@ -1,8 +1,8 @@
 """The fewest HBM bytes a transformer layer's quantization can move: each BF16 tensor a
 quantized GEMM reads is read once, and each FP8/FP4 copy the recipe makes of it is written
 once with its scales. Fused with its producer, the BF16 read of an activation could go too;
-this is the floor of a quantization pass of its own, the figure issue 29's targets are
-measured against (``python -m lp_jax.plan --layer-cost``).
+this is the floor of a quantization pass of its own, what a quantized recipe's extra bytes
+over BF16 are held against (``python -m lp_jax.plan --layer-cost``).
 
 A Linear's three tensors (input x [T, K], weight W [K, N], output gradient dy [T, N]) feed
 two GEMMs each, so a recipe's six operand specs (``lp_jax.recipes.OPERAND_FIELDS``) name up

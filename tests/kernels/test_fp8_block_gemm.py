@@ -19,7 +19,7 @@ import pytest
 import lp_jax as lp
 from bench.backend_check import inputs, linear_vjp_fn, rel_err
 from lp_jax.gemm import backends
-from lp_jax.gemm.cuda_target import cuda_target
+from lp_jax.kernels.cuda_target import cuda_target
 from lp_jax.kernels.fp8_block_gemm import K_BLOCK, fp8_block_gemm
 from lp_jax.kernels.launch import compiled_kernels
 

@@ -39,7 +39,7 @@ def test_impl_is_checked_and_auto_is_xla_off_the_gpu():
 
 def test_auto_runs_the_kernels_for_mxfp8_and_nvfp4_traced_for_a_hopper_or_later_gpu():
     from lp_jax import quantizer
-    from lp_jax.gemm.cuda_target import cuda_target
+    from lp_jax.kernels.cuda_target import cuda_target
     from lp_jax.kernels.launch import compiled_kernels
 
     auto = lambda fmt, **kw: quantizer.resolve_impl("auto", fmt, **kw)  # noqa: E731
