@@ -2,7 +2,7 @@
 
 "xla" is ``lp_jax.numerics.quantize`` (the definition); "pallas" is ``lp_jax.kernels``
 (Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "pallas"
-for the formats of ``PALLAS_ON_GPU`` in a program traced for a Hopper-or-later GPU and "xla"
+for the formats of ``PALLAS_ON_GPU`` in a program traced for a Blackwell GPU and "xla"
 anywhere else (docs/backends.md).
 """
 from __future__ import annotations
@@ -10,29 +10,32 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from lp_jax.kernels.api import quantize_pallas
-from lp_jax.kernels.launch import traced_for_gpu
+from lp_jax.kernels.launch import compiled_for_major
 from lp_jax.numerics.quantize import QuantizedTensor, as_quantizer_input, check_quantize_args, quantize_xla
 from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
 
-# Formats whose kernels "auto" runs in a program traced for a GPU: in Llama 3 8B's layer
-# compiled for a GB200, their layer moved fewer HBM bytes in fewer kernels with the Pallas
-# kernels than with XLA's fusions (MXFP8 23.9 GB in 217 kernels against 30.8 GB in 258,
-# NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md, "One layer's cost"): the plan's count
-# of a deviceless compile, not a timing on a GPU. FP8-CS moved fewer bytes in more kernels
-# (247 against 195: its amax is a pass of its own), so XLA keeps it.
+# Formats whose kernels "auto" runs in a program traced for a Blackwell GPU: in Llama 3 8B's
+# layer compiled for a GB200, their layer moved fewer HBM bytes in fewer kernels with the
+# Pallas kernels than with XLA's fusions (MXFP8 23.9 GB in 217 kernels against 30.8 GB in
+# 258, NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md, "One layer's cost"): the plan's
+# count of a deviceless compile, not a timing on a GPU. FP8-CS moved fewer bytes in more
+# kernels (247 against 195: its amax is a pass of its own), so XLA keeps it. Hopper, where
+# these formats' GEMMs are XLA's FP32 expansion, was not measured: XLA's quantizers there.
 PALLAS_ON_GPU: tuple[str, ...] = ("mxfp8", "nvfp4")
+PALLAS_MIN_MAJOR = 10
 
 
 def resolve_impl(impl: str, fmt: str | None = None, *, tensor_amax=None, block_scale_search=None) -> str:
     """"xla" or "pallas" for ``impl``. "auto" is "pallas" for a format of ``PALLAS_ON_GPU``
-    traced for a GPU, unless the call needs what only XLA does (a given ``tensor_amax``, 4/6
-    block scales); "xla" otherwise."""
+    traced for a Blackwell-or-later GPU, unless the call needs what only XLA does (a given
+    ``tensor_amax``, 4/6 block scales); "xla" otherwise."""
     check_choice("impl", impl, QUANTIZE_IMPLS)
     if impl != "auto":
         return impl
-    pallas = (fmt in PALLAS_ON_GPU and tensor_amax is None and not block_scale_search
-              and traced_for_gpu())
-    return "pallas" if pallas else "xla"
+    if fmt not in PALLAS_ON_GPU or tensor_amax is not None or block_scale_search:
+        return "xla"
+    major = compiled_for_major()
+    return "pallas" if major is not None and major >= PALLAS_MIN_MAJOR else "xla"
 
 
 def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,

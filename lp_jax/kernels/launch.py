@@ -81,14 +81,15 @@ def cuda_lowering_error(fn, *args) -> str | None:
     return None
 
 
-def traced_for_gpu() -> bool:
-    """Whether kernels traced now are compiled for a Hopper-or-later GPU (the process's, or
-    the one a deviceless compile describes inside ``compiled_kernels``), not interpreted:
-    where Mosaic GPU runs them."""
+def compiled_for_major() -> int | None:
+    """The major compute capability kernels traced now are compiled for (the process's GPU,
+    or the one a deviceless compile describes inside ``compiled_kernels``; 10 when neither
+    names one, ``cuda_major``'s Blackwell-or-later form), or None where they are interpreted
+    (off the GPU)."""
     if jax.default_backend() != "gpu" and not _COMPILED.get():
-        return False
+        return None
     major = cuda_major()
-    return major is None or major >= 9
+    return 10 if major is None else major
 
 
 def interpret_params(interpret: bool | None):

@@ -62,6 +62,19 @@ def test_the_tiny_step_compiles_per_recipe_with_the_gemms_each_gpu_has(gpu, tmp_
 
 
 @needs_plugin
+def test_nvfp4_with_the_pallas_quantizers_compiles_inside_the_data_shard_map(tmp_path, capsys):
+    """"auto" runs the Pallas kernels for NVFP4 on a data-parallel mesh; their tensor amax
+    reduces over the data axis outside the kernel (Mosaic GPU lowers no collective in it)."""
+    out = tmp_path / "plan.json"
+    code = cli.main(["--config", TINY, "--gpu", "b200", "--gpus", "2", "--recipes", "nvfp4", "--json", str(out),
+                     "--hlo-dir", str(tmp_path), *SMALL, "mesh.data=2", "data.global_batch_size=4"])
+    assert code == 0, capsys.readouterr().out
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["gemms"].get("cudnn_block_scaled") == 3 * 2 * LINEARS_PER_LAYER, row["gemms"]
+    assert 'custom_call_target="mosaic_gpu' in (tmp_path / "nvfp4.hlo.txt").read_text()
+
+
+@needs_plugin
 def test_memory_figures_are_xlas_buffer_assignment():
     from lp_jax.config.yaml_io import load_config
     from lp_jax.plan.compile_step import compile_step
