@@ -7,8 +7,8 @@ grouped by kind, largest difference first.
 A kind is a custom call's target (cuDNN's GEMMs and attention, ``mosaic_gpu_v2`` for the
 Pallas kernels) or a fusion named by its root and what else it holds (a reduction, a
 transpose, 8-bit values). A last row counts the **weight-only** kernels: those whose
-inputs are, through the loop body, only the loop's stacked float32 arrays of two or more
-axes (the scanned layers' master weights), scalars and constants, so their work repeats
+inputs are, through the loop body, only the loop's stacked float32 arrays ([layers, ...]
+of three or more axes: the scanned layers' master weights), scalars and constants, so their work repeats
 for every micro-batch although it depends on the weights alone. (A kernel reading a weight
 scale that the forward saved for the backward is not counted: a lower bound.)
 
@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 import sys
 
 from lp_jax.plan.hlo_module import Module, arrays
 from lp_jax.plan.kernels import kernels
 
 EIGHT_BIT = ("f8e4m3fn", "f8e5m2", "f8e8m0fnu", "f4e2m1fn", "u8")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
 
 
 def _kind(module: Module, instr) -> str:
     if instr.opcode == "custom-call":
-        m = _TARGET.search(instr.attrs)
-        return f"custom-call {m.group(1) if m else '?'}"
+        return f"custom-call {instr.custom_call_target or '?'}"
     if instr.opcode not in ("fusion", "fusion-start"):
         return instr.opcode
     body = module.computations[instr.attr("calls")]
@@ -44,10 +41,9 @@ def _kind(module: Module, instr) -> str:
     return f"fusion {root}" + "".join(f" +{e}" for e in extras)
 
 
-def _weight_only(module: Module, layers: set[int]):
+def _weight_only(by_name: dict, layers: set[int]):
     """name -> whether an instruction's value depends on stacked float32 loop arrays (leading
     axis a layer count) and otherwise only on scalars and constants."""
-    by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
     memo: dict[str, str | None] = {}  # "weight", "scalar" (scalars and constants) or None
 
     def loop_value(shape: str) -> str | None:
@@ -83,7 +79,7 @@ def kinds(text: str) -> tuple[collections.Counter, int]:
     """(launches per step by kind, weight-only launches) of the module's loop kernels."""
     module = Module.parse(text)
     by_name = {i.name: i for c in module.computations.values() for i in c.instructions}
-    weight_only = _weight_only(module, set(module.trip_counts()))
+    weight_only = _weight_only(by_name, set(module.trip_counts()))
     counts, weights = collections.Counter(), 0
     for k in kernels(module):
         if not k.looped or k.collective is not None:

@@ -46,6 +46,12 @@ class Instruction:
     attrs: str  # everything after the operand list
     root: bool = False
 
+    @property
+    def custom_call_target(self) -> str:
+        """A custom call's target (quoted in the text), or "" for any other instruction."""
+        m = re.search(r'custom_call_target="([^"]+)"', self.attrs)
+        return m.group(1) if m else ""
+
     def attr(self, key: str) -> str | None:
         """The value of ``key=...`` (a %name, a {...} group or a bare word), or None."""
         m = re.search(rf"\b{re.escape(key)}=(%?[\w.\-$]+|\{{[^}}]*\}})", self.attrs)

@@ -229,8 +229,7 @@ def _backend_config(instr: Instruction) -> dict:
 def _gemm(module: Module, instr: Instruction) -> tuple[str | None, str | None, float]:
     """(library, operand type, FLOPs) of a GEMM or attention kernel, else (None, None, 0)."""
     if instr.opcode == "custom-call":
-        target = re.search(r'custom_call_target="([^"]+)"', instr.attrs)
-        target = target.group(1) if target else ""
+        target = instr.custom_call_target
         operand_type = _OPERAND_TYPES.get(_element(module.operand_shape(instr.operands[0])) if instr.operands else "")
         if target in _CUSTOM_GEMMS:
             return _CUSTOM_GEMMS[target], operand_type, _custom_gemm_flops(module, instr, target)
