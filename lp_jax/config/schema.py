@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+_NOT_RECIPE = ("recipe", "cache_weights")  # PrecisionConfig fields get_recipe does not take
+
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
@@ -50,11 +52,16 @@ class PrecisionConfig:
     # (quantized from each device's FP32 master shard; the same values as gathering first).
     # None keeps the recipe's default, true; false gathers the BF16 weight (docs/scaling.md).
     param_gather: Optional[bool] = None
+    # The scanned layers' weight copies for their GEMMs (the compute-dtype cast, FP8/FP4
+    # bytes and scales) made once per step, before the micro-batch loop, instead of in every
+    # micro-batch: the same bits, fewer kernels and bytes per micro-batch, the copies held
+    # through the step (docs/models.md). false: made in every micro-batch.
+    cache_weights: bool = True
 
     def overrides(self) -> dict:
         """The keyword overrides for get_recipe: only the fields that were set."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "recipe" and getattr(self, f.name) is not None}
+                if f.name not in _NOT_RECIPE and getattr(self, f.name) is not None}
 
 
 @dataclasses.dataclass(frozen=True)

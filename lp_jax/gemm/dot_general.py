@@ -22,6 +22,7 @@ from lp_jax import context
 from lp_jax.gemm import backends, param_gather, tensor_reduce
 from lp_jax.gemm.operands import operand, operand_pair, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
+from lp_jax.gemm.prepared_kernel import PreparedKernel, weight_operands
 from lp_jax.recipes import Recipe, get_recipe
 
 _SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded dy copies
@@ -64,21 +65,24 @@ def _split_gemm(cfg, kind, a, b, contracting, compute_dtype, out_dtype):
 
 
 def _forward(cfg, x, w, key_data):
+    # FSDP: each shard quantized, the bytes gathered; dgrad_w stays sharded.
+    if param_gather.applies(cfg.recipe, cfg.gather):
+        fw, dgrad_w = param_gather.forward(cfg.recipe, cfg.gather, w, x.dtype)
+    else:
+        fw, dgrad_w = weight_operands(cfg.recipe, w, x.dtype)
+    return _forward_with(cfg, x, fw, dgrad_w, key_data)
+
+
+def _forward_with(cfg, x, fw, dgrad_w, key_data):
+    """y and the residuals, given the weight's copies (fw for this GEMM, dgrad_w kept)."""
     r = cfg.recipe
-    share_x, share_w = shares_bytes(r.fprop_x, r.wgrad_x), shares_bytes(r.fprop_w, r.dgrad_w)
     # Only copies the backward keeps are packed here, in a layout every backend reads; the
     # others are quantized inside the GEMM by the backend that runs it.
     # A tensor's two copies come as a pair: the Pallas quantizer writes both in one read.
-    if share_x:
+    if shares_bytes(r.fprop_x, r.wgrad_x):
         fx = wgrad_x = stored(x, r.fprop_x, axis=1)
     else:
         fx, wgrad_x = operand_pair(x, r.fprop_x, 1, r.wgrad_x, 0, keep_b=True)
-    if param_gather.applies(r, cfg.gather):  # FSDP: each shard quantized, the bytes gathered; dgrad_w stays sharded
-        fw, dgrad_w = param_gather.forward(r, cfg.gather, w, x.dtype)
-    elif share_w:
-        fw = dgrad_w = stored(w.astype(x.dtype), r.fprop_w, axis=0)
-    else:
-        fw, dgrad_w = operand_pair(w.astype(x.dtype), r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
     y = _split_gemm(cfg, "row", fx, fw, ((1,), (0,)), x.dtype, cfg.out_dtype)  # row-parallel: K on tensor
     return y, (wgrad_x, dgrad_w, key_data)
 
@@ -102,6 +106,25 @@ def _linear_bwd(cfg, res, dy):
 
 
 _linear.defvjp(_forward, _linear_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _prepared_linear(cfg: _GemmConfig, x, w, fw, dgrad_w, key_data):
+    """_linear with the weight's copies made ahead (``lp_jax.gemm.prepared_kernel``): ``w``
+    is read for nothing but its gradient, which comes back as _linear's."""
+    return _forward_with(cfg, x, fw, dgrad_w, key_data)[0]
+
+
+def _prepared_forward(cfg, x, w, fw, dgrad_w, key_data):
+    return _forward_with(cfg, x, fw, dgrad_w, key_data)
+
+
+def _prepared_bwd(cfg, res, dy):
+    dx, dw, _ = _linear_bwd(cfg, res, dy)
+    return dx, dw, None, None, None
+
+
+_prepared_linear.defvjp(_prepared_forward, _prepared_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,9 +156,40 @@ class LowPrecisionDotGeneral:
                  out_sharding=None):
         # out_sharding: a sharding constraint on an Auto mesh; on an Explicit mesh the GEMM
         # runs with those axes Auto and the result is typed out_sharding (``lp_jax.gemm.out_sharding``).
+        if isinstance(rhs, PreparedKernel):  # the weight's copies made ahead, once per step
+            return with_out_sharding(
+                lambda x, _: self._prepared_gemm(x, rhs, dimension_numbers, preferred_element_type),
+                lhs, rhs.w, dimension_numbers, out_sharding)
         return with_out_sharding(
             lambda l, r: self._gemm(l, r, dimension_numbers, preferred_element_type),
             lhs, rhs, dimension_numbers, out_sharding)
+
+    def _config(self, x2, w2, out_dtype) -> _GemmConfig:
+        return _GemmConfig(self.recipe, backends.resolved(self.recipe),
+                           backends.cuda_native(self.recipe, self.partly_manual),
+                           jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather,
+                           self.tensor_reduce)
+
+    def _key_data(self):
+        return jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
+
+    def _prepared_gemm(self, lhs, kernel: PreparedKernel, dimension_numbers, preferred_element_type):
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc = tuple(a % lhs.ndim for a in lc), tuple(a % kernel.ndim for a in rc)
+        if lb or rb or kernel.ndim != 2 or rc != (0,) or lc != (lhs.ndim - 1,):
+            raise ValueError(f"a PreparedKernel {kernel.shape} is contracted as a Linear's: its first "
+                             f"axis with the input's last, got {dimension_numbers}")
+        if kernel.recipe != self.recipe or self.gather is not None:
+            raise ValueError(f"this PreparedKernel was made for recipe {kernel.recipe.name} without a "
+                             f"weight gather; this GEMM runs {self.recipe.name} (gather {self.gather})")
+        if jnp.dtype(lhs.dtype) != jnp.dtype(kernel.x_dtype):
+            raise ValueError(f"this PreparedKernel's copies are for {kernel.x_dtype} inputs, got {lhs.dtype}")
+        x2 = lhs.reshape(-1, lhs.shape[-1])
+        out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
+        fw, dgrad_w = kernel.operands()
+        cfg = self._config(x2, kernel.w, out_dtype)
+        y = _prepared_linear(cfg, x2, kernel.w, fw, dgrad_w, self._key_data())
+        return y.reshape(lhs.shape[:-1] + kernel.shape[1:])
 
     def _gemm(self, lhs, rhs, dimension_numbers, preferred_element_type):
         (lc, rc), (lb, rb) = dimension_numbers
@@ -153,7 +207,7 @@ class LowPrecisionDotGeneral:
         w2 = w.reshape(k, -1)
         if not jnp.issubdtype(x2.dtype, jnp.floating):
             raise ValueError(f"lp_jax.dot_general needs floating inputs, got {x2.dtype}")
-        key_data = jax.random.key_data(context.site_key()) if _needs_key(self.recipe) else None
+        key_data = self._key_data()
         out_dtype = jnp.dtype(preferred_element_type or x2.dtype)
         if self.gather is not None and (rhs.ndim != 2 or rc != (0,)):
             raise ValueError(f"param_gather needs a Linear kernel [in, out] contracted over its first "
@@ -162,11 +216,7 @@ class LowPrecisionDotGeneral:
             raise ValueError("backend 'wgmma' does not compile on a mesh with data > 1 and fsdp or "
                              "tensor > 1 (its custom partitioning fails inside the partly manual data "
                              "shard_map); use data = 1 or fsdp = tensor = 1, or backend 'auto'")
-        cfg = _GemmConfig(self.recipe, backends.resolved(self.recipe),
-                          backends.cuda_native(self.recipe, self.partly_manual),
-                          jnp.dtype(w2.dtype), out_dtype, jnp.dtype(x2.dtype), self.gather,
-                          self.tensor_reduce)
-        return _linear(cfg, x2, w2, key_data).reshape(out_shape)
+        return _linear(self._config(x2, w2, out_dtype), x2, w2, key_data).reshape(out_shape)
 
 
 def dot_general(recipe: Recipe | str, **overrides) -> LowPrecisionDotGeneral:

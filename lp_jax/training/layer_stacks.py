@@ -53,6 +53,11 @@ class LayerStacks:
     def __bool__(self):
         return bool(self.runs)
 
+    @property
+    def model(self):
+        """The model merged from the params (for reading its modules, not for running)."""
+        return self._model
+
     def split(self):
         """(outer leaves, stacks) of the params: the stacks are a copy (what to differentiate)."""
         leaves = jax.tree.leaves(self._params)

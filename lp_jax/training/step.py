@@ -30,6 +30,7 @@ from lp_jax.parallel.partitioning import (
     spec_without,
     state_shardings,
 )
+from lp_jax.training import weight_cache
 from lp_jax.training.layer_stacks import LayerStacks
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 from lp_jax.training.token_loss import token_nll
@@ -46,6 +47,10 @@ class StepSpec:
     # for the Llama, which reads a matrix only through its cast to that dtype (the
     # Linears' GEMM, the embedding lookup). None: FP32 masters.
     gather_dtype: str | None = None
+    # The scanned layers' weight copies (casts, FP8/FP4 bytes) made once per step before the
+    # micro-batch loop instead of in every micro-batch (``lp_jax.training.weight_cache``;
+    # the same bits).
+    cache_weights: bool = True
 
     @classmethod
     def from_plan(cls, plan, mesh: Mesh) -> "StepSpec":
@@ -53,7 +58,8 @@ class StepSpec:
         cfg = plan.config
         return cls(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh,
                    shard_optimizer=cfg.mesh.shard_optimizer,
-                   gather_dtype=jnp.dtype(plan.model_config.dtype).name)
+                   gather_dtype=jnp.dtype(plan.model_config.dtype).name,
+                   cache_weights=cfg.precision.cache_weights)
 
     @property
     def data_ranks(self) -> int:
@@ -179,9 +185,11 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     if stacks:
         diff = stacks.split()
         diff_specs = stacks.split_specs(specs, diff[1])
+        copies = weight_cache.make(stacks, diff[1]) if spec.cache_weights else {}
 
         def loss(diff, micro, key):
             outer, layer_stacks = diff
+            layer_stacks = weight_cache.attach(layer_stacks, copies)
             return forward_nll(graphdef, stacks.params(outer), rest, micro, key,
                                spec.mesh, manual, layer_stacks)
     else:
