@@ -18,10 +18,16 @@ import jax.numpy as jnp
 # "megatron" keeps the tensors Megatron-LM keeps (MEGATRON_SAVED, named in models.layers)
 # and recomputes every unnamed intermediate (layout copies, casts); "elementwise" keeps all
 # but the RMSNorm outputs and the SwiGLU product, recomputed from the norm inputs and gate/up
-# that their backward keeps anyway. Residuals of a custom VJP (models.activation_vjp, the
+# that their backward keeps anyway; "mlp" keeps everything but the MLP block's (its norm
+# output, its GEMM inputs' copies, gate, up and the SwiGLU product) and rebuilds the block from
+# its input, the mid-layer residual, which the layer keeps anyway: two GEMMs more per layer
+# (gate and up), no attention forward again. Residuals of a custom VJP (models.activation_vjp, the
 # quantized dot_general, cuDNN attention) are kept whatever the policy (docs/models.md).
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "megatron",
-                  "elementwise")
+                  "elementwise", "mlp")
+# The policies applied as a jax.checkpoint around each layer's whole body ("mlp" checkpoints
+# the MLP block inside the layer: models.layers.Block).
+LAYER_BODY_REMATS = tuple(p for p in REMAT_POLICIES if p not in ("none", "mlp"))
 # Named activations of a layer (jax.ad_checkpoint.checkpoint_name in models.layers).
 MEGATRON_SAVED = ("norm_out", "q", "k", "v", "attn_out", "residual", "gate", "up", "mlp_act")
 RECOMPUTED_ELEMENTWISE = ("norm_out", "mlp_act")

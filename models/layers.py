@@ -167,43 +167,57 @@ class MLP(nnx.Module):
         gate = checkpoint_name(self.gate_proj(x_BxLxD), "gate")
         up = checkpoint_name(self.up_proj(x_BxLxD), "up")
         down = _rebuilt_in_backward(_down_of_product) if self.recompute_product else _down_of_product
-        return constrain(down(self.down_proj, gate, up), BLD)
+        return constrain(down((self.down_proj,), gate, up), BLD)
 
 
-def _down_of_product(down_proj: nnx.Linear, gate, up):
+def _down_of_product(modules, gate, up):
+    (down_proj,) = modules
     h_BxLxF = checkpoint_name(swiglu(gate, up), "mlp_act")
     return down_proj(constrain(h_BxLxF, ("batch", "sequence", "mlp")))
 
 
+def _mlp_of_residual(modules, h_BxLxD):
+    norm, mlp = modules
+    return mlp(norm(h_BxLxD))
+
+
 def _rebuilt_in_backward(fn):
-    """``fn(module, *arrays)`` under a remat that saves nothing of what it computes: the
-    backward runs it again from its inputs. The module enters as its state and is merged
-    afresh inside, so that nothing is written back to Variables of another trace (nnx.remat
-    would, and the trainer's steps merge the model inside a scan)."""
-    def run(module, *arrays):
-        graphdef, state = nnx.split(module)
+    """``fn(modules, *arrays)`` (a tuple of modules) under a remat that saves nothing of what
+    it computes: the backward runs it again from its inputs. The modules enter as their state
+    and are merged afresh inside, so that nothing is written back to Variables of another
+    trace (nnx.remat would, and the trainer's steps merge the model inside a scan)."""
+    def run(modules, *arrays):
+        splits = [nnx.split(m) for m in modules]
 
-        def pure(state, *arrays):
-            return fn(nnx.merge(graphdef, state), *arrays)
+        def pure(states, *arrays):
+            return fn(tuple(nnx.merge(g, s) for (g, _), s in zip(splits, states)), *arrays)
 
-        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(state, *arrays)
+        states = tuple(s for _, s in splits)
+        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(states, *arrays)
     return run
 
 
 class Block(nnx.Module):
-    """Pre-norm transformer layer: x + attn(norm(x)), then h + mlp(norm(h))."""
+    """Pre-norm transformer layer: x + attn(norm(x)), then h + mlp(norm(h)).
+
+    With ``remat="mlp"`` the MLP block (its norm, the three projections and SwiGLU) runs
+    under a remat that saves nothing: the backward rebuilds it from h, which the layer keeps
+    anyway, so none of its activations (the norm output, the GEMM inputs' copies, gate, up,
+    the product) is kept. The rebuild runs the norm, gate and up again, not attention."""
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg)
         self.mlp = MLP(cfg, rngs=rngs)
+        self.rebuild_mlp = cfg.remat == "mlp"
 
     def __call__(self, x_BxLxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
         attn = self.attn(self.attn_norm(x_BxLxD), rope, mask_BxTxS, segment_ids_BxL, cache, cache_index)
         if cache is not None:
             attn, cache = attn
         h_BxLxD = checkpoint_name(x_BxLxD + attn, "residual")
-        out = h_BxLxD + self.mlp(self.mlp_norm(h_BxLxD))
+        mlp = _rebuilt_in_backward(_mlp_of_residual) if self.rebuild_mlp and cache is None else _mlp_of_residual
+        out = h_BxLxD + mlp((self.mlp_norm, self.mlp), h_BxLxD)
         return out if cache is None else (out, cache)
 

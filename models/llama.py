@@ -19,6 +19,7 @@ from flax import nnx
 
 from models.config import (  # noqa: F401  (re-exported: `llama.LlamaConfig`, `llama.preset`, ...)
     ATTENTION_IMPLS,
+    LAYER_BODY_REMATS,
     MEGATRON_SAVED,
     PRESETS,
     RECOMPUTED_ELEMENTWISE,
@@ -137,7 +138,7 @@ class Llama(nnx.Module):
         def body(params, rest, x, i, rope, mask, segment_ids):
             with layer_scope(i):  # which layer runs, for precision code that reads it
                 return nnx.merge(graphdef, params, rest)(x, rope, mask, segment_ids)
-        if self.config.remat == "none":
+        if self.config.remat not in LAYER_BODY_REMATS:
             return body
         return jax.checkpoint(body, policy=_remat_policy(self.config.remat))
 
@@ -158,7 +159,7 @@ class Llama(nnx.Module):
     def _run_layers(self, x, rope, mask, segment_ids, layer_stacks):
         split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
         if not self.config.scan_layers:
-            if self.config.remat == "none":
+            if self.config.remat not in LAYER_BODY_REMATS:
                 for i, layer in enumerate(self.layers):
                     with layer_scope(i):
                         x = layer(x, rope, mask, segment_ids)

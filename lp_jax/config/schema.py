@@ -96,7 +96,8 @@ class ModelConfig:
     # Scan over runs of identical layers (compile time that does not grow with depth).
     scan_layers: Optional[bool] = None
     # Activation checkpointing per layer: none | full | dots_saveable |
-    # dots_with_no_batch_dims_saveable | megatron | elementwise (models.llama.REMAT_POLICIES).
+    # dots_with_no_batch_dims_saveable | megatron | elementwise | mlp (the MLP block rebuilt
+    # from its input) (models.llama.REMAT_POLICIES).
     remat: Optional[str] = None
     # xla (any platform) | cudnn (GPU flash attention)
     attention_impl: Optional[str] = None

@@ -97,5 +97,5 @@ def out_of_memory(e: Exception, what: str) -> DeviceMemoryError | None:
     figure = f" (XLA: {m.group(1)} {m.group(2)})" if m else ""
     return DeviceMemoryError(
         f"{what}: the step does not fit the device's memory{figure}; lower "
-        "data.micro_batch_size, set model.remat=elementwise or full, or shard further "
+        "data.micro_batch_size, set model.remat=mlp, elementwise or full, or shard further "
         "(python -m lp_jax.plan finds a setting that fits)")

@@ -299,7 +299,7 @@ def test_a_step_out_of_device_memory_is_one_line(tmp_path, token_cache, capsys, 
     assert rc == 1
     assert error_line(err, "train.py: stopped: ") == (
         "train.py: stopped: step 1: the step does not fit the device's memory (XLA: 203.61 "
-        "GiB); lower data.micro_batch_size, set model.remat=elementwise or full, or shard "
+        "GiB); lower data.micro_batch_size, set model.remat=mlp, elementwise or full, or shard "
         "further (python -m lp_jax.plan finds a setting that fits)")
 
     def step_that_fails_otherwise(*args):

@@ -22,7 +22,7 @@ def test_same_loss_and_gradients_bit_for_bit():
     the fusions, so the two programs differ by BF16 roundings (as any two compilations of
     the same step may: docs/scaling.md)."""
     cases = ["bf16:none", "fp8_cs:megatron", "nvfp4:none"]
-    proc = run_python(["tests/support/recompute_bits.py", *cases], devices=1,
+    proc = run_python(["tests/support/recompute_bits.py", "product", *cases], devices=1,
                       xla_flags="--xla_allow_excess_precision=false")
     assert proc.stdout.split("\n")[:-1] == [f"{c.replace(':', ' ')} True" for c in cases]
 

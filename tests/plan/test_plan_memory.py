@@ -79,9 +79,10 @@ def test_block_scaled_gemms_compile_on_the_configs_data_parallel_mesh():
 def test_each_remat_policy_compiles_on_the_configs_mesh_and_recomputing_keeps_less():
     """Scanned layers, cuDNN attention, data=2 with ZeRO-1 (the 8B configs' layout)."""
     temp = {}
-    for remat in ("none", "megatron", "elementwise", "full"):
+    for remat in ("none", "mlp", "megatron", "elementwise", "full"):
         step = _compiled("bf16", 2, ["mesh.data=2", "data.micro_batch_size=4", "model.scan_layers=true",
                                      f"model.remat={remat}"])
         temp[remat] = step.compiled.memory_analysis().temp_size_in_bytes
     # megatron keeps what none keeps in BF16 (docs/models.md), so it is not compared.
     assert temp["full"] < temp["elementwise"] < temp["none"], temp
+    assert temp["mlp"] < temp["none"], temp

@@ -1,5 +1,7 @@
-"""Prints, per case, whether recompute_mlp_product leaves a 1-layer tiny Llama's loss and
-every gradient bit for bit the same: `<recipe> <remat> <equal>`. Run it with
+"""Prints, per case, whether a recompute leaves a 1-layer tiny Llama's loss and every
+gradient bit for bit the same: `<recipe> <remat> <equal>`. The first argument says which:
+``product`` (recompute_mlp_product off and on, at the case's remat) or ``mlp`` (remat
+``none`` against the case's remat, which rebuilds the MLP block). Run it with
 --xla_allow_excess_precision=false (tests/models/test_mlp_product_recompute.py says why)."""
 import dataclasses
 import sys
@@ -27,10 +29,17 @@ def loss_and_grads(m):
     return jax.jit(nnx.value_and_grad(lambda m: m(tokens).astype(jnp.float32).mean()))(m)
 
 
+def pair(what: str, recipe: str, remat: str):
+    if what == "product":
+        return model(recipe, False, remat), model(recipe, True, remat)
+    return model(recipe, False, "none"), model(recipe, False, remat)
+
+
 if __name__ == "__main__":
-    for case in sys.argv[1:]:
+    what = sys.argv[1]
+    for case in sys.argv[2:]:
         recipe, remat = case.split(":")
-        (l0, g0), (l1, g1) = (loss_and_grads(model(recipe, r, remat)) for r in (False, True))
+        (l0, g0), (l1, g1) = (loss_and_grads(m) for m in pair(what, recipe, remat))
         equal = bool(l0 == l1) and all(bool(jnp.array_equal(a, b)) for a, b in
                                        zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True))
         print(recipe, remat, equal, flush=True)
