@@ -114,8 +114,6 @@ def test_report_across_seeds_on_planted_runs(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_two_seed_study_trains_pairs_and_reports(tmp_path, token_cache):
     text = os.path.join(os.path.dirname(json.__file__), "*.py")  # real text: the json package
-    # eight steps: over fewer, Adam's near-sign early updates and the BF16 cast of the
-    # masters can absorb the FP32 summation-order change, and the twins stay bit-identical
     overrides = ("steps=8", "model.num_layers=1", f"data.paths={text}", "data.val_fraction=0.3",
                  f"data.cache_dir={token_cache}", "data.seq_len=32", "data.global_batch_size=2",
                  "data.micro_batch_size=2", "schedule.warmup_steps=1", "checkpoint.every=8",
@@ -135,6 +133,15 @@ def test_two_seed_study_trains_pairs_and_reports(tmp_path, token_cache):
     assert set(fp8["gap"]) == {0, 1} and fp8["gap_stats"]["ci"] is not None
     # seeds 0 and 1 start from other weights: their BF16 losses differ
     assert fp8["bf16_final_val_loss"][0] != fp8["bf16_final_val_loss"][1]
-    # the twin summed each batch in two micro-batches: same data, not the same bits
-    assert across[TWIN]["gap"][0] != 0.0
+    # the twin summed each batch in two micro-batches: same data, not the same bits. Its
+    # summed training loss shows the other order; its weight gradients may not (a GEMM
+    # backend whose K blocking splits the batch where the micro-batches do sums the same
+    # partials in the same order), so the validation gap is only bounded, not required nonzero.
+    twin_dir = tmp_path / "study" / "runs" / "seed0"
+    losses = {name: [json.loads(line)["loss"] for line in
+                     (twin_dir / name / "metrics.jsonl").read_text().splitlines()]
+              for name in ("bf16", TWIN)}
+    assert losses["bf16"] != losses[TWIN]
+    assert max(abs(a - b) for a, b in zip(losses["bf16"], losses[TWIN])) < 0.01
+    assert "2 micro-batch(es) of 1 sequences" in (twin_dir / TWIN / "train.log").read_text()
     assert abs(across[TWIN]["gap"][0]) < 0.01
