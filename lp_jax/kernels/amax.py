@@ -3,8 +3,12 @@
 The partial maxima are exact (a max picks an element), so reducing them in any order gives
 ``quantize``'s amax bit for bit, NaN included. Each tile writes its partial max SMEM_LANES
 times (Mosaic GPU stores vectors of a multiple of 128 elements, not a lone scalar); the
-copies change no max. With ``rht`` it also returns, from the same read, the amax after the
-16-point Hadamard transform along R (NVFP4's wgrad copy takes its own tensor scale there).
+copies change no max, and they let the amax stay a vector: the max over the tiles of each
+lane is the tensor amax in every lane, which the kernels that use it read as their WHOLE
+input as it is and compute their tensor scale from (no scalar to pad to SMEM_LANES, no
+reduction of a reduction, no scale fusion between the amax and the quantizer). With
+``rht`` it also returns, from the same read, the amax after the 16-point Hadamard transform
+along R (NVFP4's wgrad copy takes its own tensor scale there).
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ from lp_jax.numerics.quantize import abs_max
 
 def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpret=None):
     """x3: [A, R, C] padded to whole tiles. Returns the float32 amaxes asked for, as a tuple:
-    (max |x|,) and/or (max |RHT_R(x)|,). With ``rht``, the tiles are ``nvfp4_tiling``'s."""
+    (max |x|,) and/or (max |RHT_R(x)|,), each a [SMEM_LANES] vector of that amax (``lane``
+    takes the scalar). With ``rht``, the tiles are ``nvfp4_tiling``'s."""
     def compute(_, x_s, *out_s):
         out = [abs_max(x_s.at[0][...], axis=(0, 1))] if plain else []  # this tile's
         if rht:
@@ -38,4 +43,9 @@ def tensor_amax(x3, t: Tiling, *, plain: bool = True, rht: bool = False, interpr
     parts = tiled_kernel(compute, [x3], [Block((1, t.tr, t.tc), lambda a, i, j: (a, i, j))],
                          [partial] * n_out, [one] * n_out, t.grid, interpret, by_ref=True)
     # Inside the trainer's shard_map the tensor is every device's piece, as for XLA's amax.
-    return tuple(manual_tensor_amax(jnp.max(p)) for p in parts)
+    return tuple(manual_tensor_amax(jnp.max(p.reshape(-1, SMEM_LANES), axis=0)) for p in parts)
+
+
+def lane(v):
+    """The scalar of a lane vector (``tensor_amax``'s, or a tensor scale computed from it)."""
+    return v[0]

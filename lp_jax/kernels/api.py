@@ -12,7 +12,7 @@ import math
 
 import jax.numpy as jnp
 
-from lp_jax.kernels.amax import tensor_amax
+from lp_jax.kernels.amax import lane, tensor_amax
 from lp_jax.kernels.pallas_blocks import BlockCopy, block_copies
 from lp_jax.kernels.pallas_fp8 import fp8_cast
 from lp_jax.kernels.pallas_nvfp4 import nvfp4_copies, nvfp4_tile_copy, nvfp4_tiling, tile_2d_tiling
@@ -41,9 +41,9 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
         xp = pad(x3, t)
         (amax,) = tensor_amax(xp, t, interpret=interpret)
         dtype = F.FORMAT_SPECS[fmt].element
-        (data,) = fp8_cast(xp, amax.reshape(1), dtype, t, interpret=interpret)
+        (data,) = fp8_cast(xp, amax, dtype, t, interpret=interpret)
         data = data[:, :t.r, :t.c].reshape(shape)
-        return QuantizedTensor(data, F.recip(tensor_scale_fp8(amax, F.max_of(dtype))), None, fmt, axis)
+        return QuantizedTensor(data, F.recip(tensor_scale_fp8(lane(amax), F.max_of(dtype))), None, fmt, axis)
 
     stochastic = rounding == "stochastic"
     seeds = sr_seed_pair(key, stochastic)
@@ -53,9 +53,9 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
         t = tile_2d_tiling(x3.shape)
         xp = pad(x3, t)
         (amax,) = tensor_amax(xp, t, interpret=interpret)
-        s_enc = nvfp4_tensor_scale(amax)
-        data, scales = nvfp4_tile_copy(xp, t, s_enc.reshape(1), stochastic=stochastic, seeds=seeds,
+        data, scales = nvfp4_tile_copy(xp, t, amax, stochastic=stochastic, seeds=seeds,
                                        interpret=interpret)
+        s_enc = nvfp4_tensor_scale(lane(amax))
         nr, nc = -(-r // NVFP4_BLOCK), -(-c // NVFP4_BLOCK)
         return QuantizedTensor(data[:, :r, :c].reshape(shape), scales[:, :nr, :nc].reshape(shape[:-2] + (nr, nc)),
                                F.recip(s_enc), fmt, ndim - 1, True)
@@ -68,13 +68,12 @@ def quantize_pallas(x, fmt, axis, *, block_2d=False, rounding="nearest", key=Non
         t = nvfp4_tiling(x3.shape)
         xp = pad(x3, t)
         (amax,) = tensor_amax(xp, t, interpret=interpret)
-        s_enc = nvfp4_tensor_scale(amax)
-        data, scales = nvfp4_copies(xp, t, last, not last, s_enc=jnp.stack([s_enc, s_enc]),
+        data, scales = nvfp4_copies(xp, t, last, not last, amax=(amax, amax),
                                     seeds=jnp.concatenate([seeds, seeds]), row_stochastic=stochastic,
                                     col_stochastic=stochastic, interpret=interpret)
         if not last:  # the kernel writes the column copy transposed; XLA swaps it back
             data, scales = jnp.swapaxes(data, 1, 2), jnp.swapaxes(scales, 1, 2)
-        global_scale = F.recip(s_enc)
+        global_scale = F.recip(nvfp4_tensor_scale(lane(amax)))
     else:
         t = tiling(x3.shape, multiple=WGMMA_TILE_MULTIPLE)
         spec = BlockCopy(fmt, scale_rule)
@@ -108,12 +107,12 @@ def block_pair(t, row_spec=None, col_spec=None, row_key=None, col_key=None, inte
         tl = nvfp4_tiling(x3.shape)
         xp = pad(x3, tl)
         amaxes = tensor_amax(xp, tl, plain=row_spec is not None or not rht, rht=rht, interpret=interpret)
-        s_enc = jnp.stack([nvfp4_tensor_scale(amaxes[0]), nvfp4_tensor_scale(amaxes[-1])])
+        s_enc = (nvfp4_tensor_scale(lane(amaxes[0])), nvfp4_tensor_scale(lane(amaxes[-1])))
         stochastic = lambda s: s is not None and s.stochastic  # noqa: E731
         seeds = jnp.concatenate([sr_seed_pair(row_key, stochastic(row_spec)), sr_seed_pair(col_key, stochastic(col_spec))])
-        outs = nvfp4_copies(xp, tl, row_spec is not None, col_spec is not None, s_enc=s_enc, seeds=seeds,
-                            row_stochastic=stochastic(row_spec), col_stochastic=stochastic(col_spec), rht=rht,
-                            interpret=interpret)
+        outs = nvfp4_copies(xp, tl, row_spec is not None, col_spec is not None, amax=(amaxes[0], amaxes[-1]),
+                            seeds=seeds, row_stochastic=stochastic(row_spec),
+                            col_stochastic=stochastic(col_spec), rht=rht, interpret=interpret)
     else:
         tl = tiling(x3.shape, multiple=WGMMA_TILE_MULTIPLE)
         row, col = (None if s is None else BlockCopy(s.fmt, s.scale_rule) for s in (row_spec, col_spec))

@@ -152,7 +152,7 @@ def _pad_lanes(x):
     """A small 1-D input zero-padded to SMEM_LANES elements (kernels read its first ones)."""
     if x.ndim != 1 or x.size > SMEM_LANES:
         raise ValueError(f"a WHOLE kernel input is a vector of at most {SMEM_LANES} scalars, got shape {x.shape}")
-    return jnp.pad(x, (0, SMEM_LANES - x.size))
+    return x if x.size == SMEM_LANES else jnp.pad(x, (0, SMEM_LANES - x.size))
 
 
 def swizzled(itemsize: int, row_bytes: int) -> tuple:

@@ -18,7 +18,8 @@ from lp_jax.numerics.quantize import scale_cast_fp8, tensor_scale_fp8
 
 
 def fp8_cast(x3, amax, dtype, t: Tiling, *, rows=True, transposed=False, interpret=None):
-    """x3 [A, R, C] padded to whole tiles, amax float32 (1,). Returns the FP8 data [A, R, C]
+    """x3 [A, R, C] padded to whole tiles, amax float32: a vector whose first element is the
+    tensor amax (``tensor_amax``'s lane vector, or (1,)). Returns the FP8 data [A, R, C]
     (if rows) and its transpose [A, C, R] (if transposed), both padded."""
     scale = tensor_scale_fp8(amax, F.max_of(dtype))
 

@@ -125,30 +125,36 @@ def rht_amax_bits(x: Tile):
     return loop(tr // B // nrb, lambda c, m: jnp.maximum(m, part_max(c)), part_max(0), x.interpreted, start=1)
 
 
-def nvfp4_copies(x3, t: Tiling, row: bool, col: bool, *, s_enc, seeds, row_stochastic=False,
+def nvfp4_copies(x3, t: Tiling, row: bool, col: bool, *, amax, seeds, row_stochastic=False,
                  col_stochastic=False, rht=False, interpret=None):
     """The NVFP4 row and/or transposed column copy of x3 [A, R, C] (padded to whole tiles of
     ``nvfp4_tiling``; R and C of ``t`` are the logical sizes, R a multiple of 16 with ``rht``).
 
-    s_enc: float32 (2,), the tensor scales of the row and column copies; seeds: uint32 (4,),
-    their SR seeds. Returns [row data [A, R, C] E2M1, row scales [A, R, C/16]] + [column
-    data [A, C, R], column scales [A, C, R/16]], padded."""
+    amax: (row, column) tensor amaxes, each a float32 vector whose first element is the
+    amax its copy's S_enc is computed from, in the kernel (``tensor_amax``'s lane vector,
+    read as it is; None for a copy not made); seeds: uint32 (4,), their SR seeds. Returns
+    [row data [A, R, C] E2M1, row scales [A, R, C/16]] + [column data [A, C, R], column
+    scales [A, C, R/16]], padded."""
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
     interpreted = is_interpreted(interpret)
 
-    def compute(idx, x_s, s_s, seeds_s, *out_s):
+    amax_inputs = [m for m, made in zip(amax, (row, col)) if made]
+
+    def compute(idx, x_s, *refs):
         a, i, j = idx
+        amax_refs, (seeds_s, *out_s) = list(refs[:len(amax_inputs)]), refs[len(amax_inputs):]
+        s_enc = lambda: Q.nvfp4_tensor_scale(amax_refs.pop(0)[0])  # noqa: E731
         x = Tile(x_s.at[0], interpreted)
         outs = [Tile(o.at[0], interpreted) for o in out_s]
         if row:
             d, s = outs.pop(0), outs.pop(0)
-            _rows(x, d, s, s_s[0], row_stochastic, (seeds_s[0], seeds_s[1]),
+            _rows(x, d, s, s_enc(), row_stochastic, (seeds_s[0], seeds_s[1]),
                   (a * t.r + i * tr, j * tc), round_up(t.c, B))
             d.flush(), s.flush()
         if col:
             d, s = outs.pop(0), outs.pop(0)
-            _cols(x, d, s, s_s[1], col_stochastic, rht, (seeds_s[2], seeds_s[3]),
+            _cols(x, d, s, s_enc(), col_stochastic, rht, (seeds_s[2], seeds_s[3]),
                   (a * t.c + j * tc, i * tr), round_up(t.r, B))
             d.flush(), s.flush()
 
@@ -161,14 +167,15 @@ def nvfp4_copies(x3, t: Tiling, row: bool, col: bool, *, s_enc, seeds, row_stoch
     if col:
         outs += [jax.ShapeDtypeStruct((a_n, cp, rp // 2), jnp.uint8), jax.ShapeDtypeStruct((a_n, rp // B, cp), F.E4M3)]
         blocks += [Block((1, tc, tr // 2), swap), Block((1, tr // B, tc), tile)]
-    got = tiled_kernel(compute, [x3, s_enc, seeds], [Block((1, tr, tc), tile), WHOLE, WHOLE], outs, blocks,
-                       t.grid, interpret, by_ref=True)
+    in_blocks = [Block((1, tr, tc), tile)] + [WHOLE] * (len(amax_inputs) + 1)
+    got = tiled_kernel(compute, [x3, *amax_inputs, seeds], in_blocks, outs, blocks, t.grid, interpret, by_ref=True)
     return [e2m1_unpack(o) if n % 2 == 0 else jnp.swapaxes(o, 1, 2) for n, o in enumerate(got)]
 
 
-def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, interpret=None):
-    """NVFP4 with 16x16 tiles over (R, C) (weights), x3 padded to ``tile_2d_tiling``'s tiles.
-    Returns E2M1 data [A, R, C] and E4M3 scales [A, R/16, C/16], padded.
+def nvfp4_tile_copy(x3, t: Tiling, amax, *, stochastic=False, seeds=None, interpret=None):
+    """NVFP4 with 16x16 tiles over (R, C) (weights), x3 padded to ``tile_2d_tiling``'s tiles;
+    amax a float32 vector whose first element is the tensor amax (S_enc is computed from it
+    in the kernel). Returns E2M1 data [A, R, C] and E4M3 scales [A, R/16, C/16], padded.
 
     Each of the kernel tile's 16 x 8 16x16 tiles is one element of the [16, 8] arrays: the
     view of row k, column l of every tile. A first pass over k takes the tile amaxes, a
@@ -181,7 +188,7 @@ def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, inter
         raise ValueError(f"the 16x16 tile kernel takes {TILE_2D} kernel tiles, got {(tr, tc)}")
     interpreted = is_interpreted(interpret)
 
-    def compute(idx, x_s, s_s, seeds_s, data_s, scales_s):
+    def compute(idx, x_s, amax_s, seeds_s, data_s, scales_s):
         a, i, j = idx
         x, data, scales = (Tile(r.at[0], interpreted) for r in (x_s, data_s, scales_s))
         # Compiled: row k of every 16x16 tile at a time ([16, 8] arrays). Interpreted: all
@@ -195,7 +202,7 @@ def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, inter
         else:
             amax = lax.fori_loop(1, B, lambda k, m: jnp.maximum(m, amax_bits(row_parts(k))),
                                  amax_bits(row_parts(0)))
-        s_b, enc = Q.nvfp4_block_encoding(as_f32(amax), s_s[0], barrier=False)
+        s_b, enc = Q.nvfp4_block_encoding(as_f32(amax), Q.nvfp4_tensor_scale(amax_s[0]), barrier=False)
         scales.store((nb, nrb), (1, 0), (slice(None), slice(None)), s_b)
         # quantize indexes SR bits in the 16-padded [..., R, C] layout
         row = on_k(u32(a * round_up(t.r, B) + i * tr) + iota((nrb, nb), 0) * jnp.uint32(B))
@@ -219,6 +226,6 @@ def nvfp4_tile_copy(x3, t: Tiling, s_enc, *, stochastic=False, seeds=None, inter
     tile = lambda a, i, j: (a, i, j)  # noqa: E731
     outs = [jax.ShapeDtypeStruct((a_n, rp, cp // 2), jnp.uint8), jax.ShapeDtypeStruct((a_n, cp // B, rp // B), F.E4M3)]
     blocks = [Block((1, tr, tc // 2), tile), Block((1, nb, nrb), lambda a, i, j: (a, j, i))]
-    data, scales = tiled_kernel(compute, [x3, s_enc, seeds], [Block((1, tr, tc), tile), WHOLE, WHOLE],
+    data, scales = tiled_kernel(compute, [x3, amax, seeds], [Block((1, tr, tc), tile), WHOLE, WHOLE],
                                 outs, blocks, t.grid, interpret, by_ref=True)
     return e2m1_unpack(data), jnp.swapaxes(scales, 1, 2)

@@ -78,7 +78,9 @@ def nvfp4_tensor_scale(amax):
     """NVFP4 S_enc = 2688 / amax (float32), clamped to FLT_MAX; 1 if amax is 0/not finite."""
     amax = amax.astype(jnp.float32)
     s_enc = jnp.minimum(jnp.float32(NVFP4_TENSOR_SCALE_NUM) / amax, jnp.float32(F.FLT_MAX))
-    bad = (amax == 0) | ~jnp.isfinite(amax) | (s_enc == 0)
+    # isnan | isinf rather than ~isfinite: the same test, and one Mosaic GPU lowers (the
+    # Pallas kernels compute S_enc from the amax themselves).
+    bad = (amax == 0) | jnp.isnan(amax) | jnp.isinf(amax) | (s_enc == 0)
     return jnp.where(bad, jnp.float32(1), s_enc)
 
 
