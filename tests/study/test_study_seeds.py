@@ -11,6 +11,7 @@ from lp_jax.study import seeds
 from lp_jax.study.cli import parse_seeds
 from lp_jax.study.study import StudyOptions, run_study
 from lp_jax.study.variants import TWIN, twin_variant
+from lp_jax.training.metrics import read_metrics
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                       "configs", "tiny.yaml")
@@ -138,9 +139,7 @@ def test_two_seed_study_trains_pairs_and_reports(tmp_path, token_cache):
     # backend whose K blocking splits the batch where the micro-batches do sums the same
     # partials in the same order), so the validation gap is only bounded, not required nonzero.
     twin_dir = tmp_path / "study" / "runs" / "seed0"
-    losses = {name: [json.loads(line)["loss"] for line in
-                     (twin_dir / name / "metrics.jsonl").read_text().splitlines()]
-              for name in ("bf16", TWIN)}
+    losses = {name: [row["loss"] for row in read_metrics(twin_dir / name)] for name in ("bf16", TWIN)}
     assert losses["bf16"] != losses[TWIN]
     assert max(abs(a - b) for a, b in zip(losses["bf16"], losses[TWIN])) < 0.01
     assert "2 micro-batch(es) of 1 sequences" in (twin_dir / TWIN / "train.log").read_text()
