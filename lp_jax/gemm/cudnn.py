@@ -8,6 +8,9 @@ contraction axis last (B = 1), as ``lp_jax.quantize``'s bytes and scales, the bi
 reference decodes. K is zero-padded to a multiple of 4 blocks and the rows to a multiple of
 128 (cuDNN's block-scale tile), and the result is sliced back. NVFP4's FP32 tensor scales
 multiply the FP32 result outside the call, one rounding each, as in the reference.
+Without tensor scales (MXFP8, FP8 block), a call lowered for CUDA returns the result in
+the output dtype: the GEMM rounds its FP32 accumulator once, as the FP32 result's cast
+would, and writes (and its consumer reads) half the bytes (docs/backends.md).
 FP8 block scaling runs as MXFP8: its FP32 scales are powers of two (2^-127 at the least),
 which E8M0 holds exactly, and a 1x128 block (or a row of a 128x128 tile) is four 1x32
 blocks with its scale repeated, as Transformer Engine runs that recipe on Blackwell.
@@ -110,12 +113,30 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     rows_a, rows_b = ad.shape[0], bd.shape[0]
     ad, as_ = _padded(ad, as_, block)
     bd, bs = _padded(bd, bs, block)
-    # Always an FP32 result: NVFP4's S_dec is applied to it, and when the contraction is
-    # sharded the partial results are summed across devices (scaled_matmul's partitioning
-    # rule) before the one rounding to out_dtype, as lax.dot_general's FP32 output would be.
     # Where XLA expands the call (Hopper) it converts the bytes back up; the barrier keeps
     # that convert from meeting our quantizer's and being folded away as excess precision.
     ad, bd, as_, bs = lax.optimization_barrier((ad, bd, as_, bs))
-    out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None], preferred_element_type=jnp.float32)
-    out = out[0, :rows_a, :rows_b]
-    return apply_factors(out, fa, fb).astype(out_dtype)
+
+    def gemm(result_dtype):
+        def run(ad, bd, as_, bs):
+            out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None],
+                                       preferred_element_type=result_dtype)
+            return apply_factors(out[0, :rows_a, :rows_b], fa, fb).astype(out_dtype)
+        return run
+
+    if not _rounds_in_gemm(out_dtype, fa, fb):
+        return gemm(jnp.float32)(ad, bd, as_, bs)
+    # XLA:CPU's composite dot in a 16-bit type does not round an FP32 sum once (its bits
+    # differ from the cast's), so the CPU keeps the FP32 result: it stays the reference's.
+    return lax.platform_dependent(ad, bd, as_, bs, default=gemm(jnp.float32), cuda=gemm(out_dtype))
+
+
+def _rounds_in_gemm(out_dtype, fa, fb) -> bool:
+    """Whether the GEMM may return its result in ``out_dtype``: a 16-bit float, no tensor
+    factor to apply after it (NVFP4's are applied to the FP32 result, one rounding each) and
+    no tensor axis, where the contraction may be split over devices and the partial results
+    must be summed before the one rounding."""
+    if fa is not None or fb is not None or jnp.dtype(out_dtype).itemsize != 2:
+        return False
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.shape.get("tensor", 1) == 1

@@ -7,6 +7,7 @@ reference up to FP32 summation order. Lowering with ``lowering_platforms=("cuda"
 what a GPU would compile: ``lax.platform_dependent`` keeps only the CUDA branch there.
 """
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -129,6 +130,32 @@ def test_linear_lowered_for_cuda_holds_three_native_gemms(name):
     assert sorted(found) == sorted(NATIVE_TYPES[name]), found
     cpu = lowered_gemms(_linear_step(name, "cpu"))
     assert not fp8_dots(cpu) and not block_scaled_dots(cpu)
+
+
+_BLOCK_SCALED_RESULT = re.compile(r"@__op\$block_scaled_dot\(.*-> tensor<[0-9x]+x(\w+)>")
+
+
+@pytest.mark.parametrize("name,results", [("mxfp8", {"bf16", "f32"}), ("fp8_block", {"bf16", "f32"}),
+                                          ("nvfp4", {"f32"})])
+def test_block_scaled_gemm_returns_bf16_for_cuda_where_nothing_follows_it(name, results):
+    """Lowered for CUDA, a block-scaled GEMM without tensor scales (fprop, dgrad) returns
+    BF16 and the weight gradient FP32; NVFP4's apply their tensor scales to an FP32 result.
+    Lowered for CPU every call stays FP32 (the reference's bits: the test above)."""
+    found = {m.group(1) for m in _BLOCK_SCALED_RESULT.finditer(_linear_step(name, "cuda"))}
+    assert found == results, found
+
+
+def test_block_scaled_gemm_keeps_fp32_where_a_tensor_axis_may_split_the_contraction():
+    from lp_jax.gemm.cudnn import _rounds_in_gemm
+
+    assert _rounds_in_gemm(jnp.bfloat16, None, None)
+    assert not _rounds_in_gemm(jnp.float32, None, None)
+    assert not _rounds_in_gemm(jnp.bfloat16, jnp.float32(2.0), None)
+    split = jax.sharding.AbstractMesh((1, 2), ("data", "tensor"))
+    with jax.sharding.use_abstract_mesh(split):
+        assert not _rounds_in_gemm(jnp.bfloat16, None, None)
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2, 1), ("data", "tensor"))):
+        assert _rounds_in_gemm(jnp.bfloat16, None, None)
 
 
 def test_forced_backend_that_does_not_fit_the_recipe_is_refused():
