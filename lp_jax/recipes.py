@@ -16,15 +16,18 @@ import re
 from typing import ClassVar, Literal
 
 Format = Literal["fp8_e4m3", "fp8_e5m2", "fp8_block", "mxfp8", "nvfp4"]
-Backend = Literal["auto", "reference", "xla_fp8", "cudnn", "wgmma"]
+Backend = Literal["auto", "reference", "xla_fp8", "cudnn", "xla_scaled_dot", "wgmma"]
 QuantizeImpl = Literal["xla", "pallas", "auto"]
 PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
 BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "mxfp8", "nvfp4")
-BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn", "wgmma")
+BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn", "xla_scaled_dot", "wgmma")
 QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
 # The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
 # per-tensor scales, cuDNN's block-scaled GEMM for block formats (docs/backends.md).
 NATIVE_BACKEND = {"per_tensor": "xla_fp8", "block": "cudnn"}
+# Other backends a kind of format may be forced onto: XLA's scaled dot (a Triton GEMM fusion
+# on the GPU) for block formats, not yet measured on one, so not what "auto" picks.
+OTHER_BACKENDS = {"per_tensor": (), "block": ("xla_scaled_dot",)}
 
 
 def check_choice(name: str, value, choices: tuple) -> None:
@@ -108,25 +111,33 @@ class Recipe:
         return {}
 
     @property
-    def native_backend(self) -> str | None:
-        """The backend built for this recipe's quantized GEMMs: xla_fp8 for per-tensor FP8,
-        cudnn for block formats, None when it quantizes nothing (BF16 runs XLA's dot anywhere)."""
+    def format_kind(self) -> str | None:
+        """"per_tensor" or "block": the kind of format the recipe's GEMMs multiply; None when
+        it quantizes nothing (BF16 runs XLA's dot anywhere)."""
         kinds = {"per_tensor" if spec.fmt in PER_TENSOR_FORMATS else "block"
                  for spec in self.operand_specs() if spec.fmt}
         if not kinds:
             return None
         if len(kinds) > 1:
             raise ValueError(f"recipe {self.name!r} mixes per-tensor and block formats: no backend runs it")
-        return NATIVE_BACKEND[kinds.pop()]
+        return kinds.pop()
+
+    @property
+    def native_backend(self) -> str | None:
+        """The backend built for this recipe's quantized GEMMs: xla_fp8 for per-tensor FP8,
+        cudnn for block formats, None when it quantizes nothing."""
+        kind = self.format_kind
+        return None if kind is None else NATIVE_BACKEND[kind]
 
     @property
     def native_backends(self) -> tuple[str, ...]:
-        """Every backend built for this recipe's GEMMs: the native one, then its Hopper GEMM
-        if it has one (``hopper_backend``)."""
-        native = self.native_backend
-        if native is None:
+        """Every backend built for this recipe's GEMMs: the native one, its Hopper GEMM if it
+        has one (``hopper_backend``), then the others its formats may be forced onto."""
+        kind = self.format_kind
+        if kind is None:
             return ()
-        return (native,) + ((self.hopper_backend,) if self.hopper_backend else ())
+        hopper = (self.hopper_backend,) if self.hopper_backend else ()
+        return (NATIVE_BACKEND[kind],) + hopper + OTHER_BACKENDS[kind]
 
     def _check_backend(self) -> None:
         """One line if ``backend`` is unknown or cannot run the recipe's formats."""

@@ -1,7 +1,8 @@
 """Which GEMM implementation runs a recipe's quantized GEMMs, chosen when the program is lowered.
 
 "reference" (any platform: the definition, ``lp_jax.gemm.operands``), "xla_fp8" (per-tensor
-FP8), "cudnn" (block formats), "wgmma" (FP8 block scaling on Hopper), or "auto" (the
+FP8), "cudnn" (block formats), "xla_scaled_dot" (block formats, XLA's scaled dot: forced
+only), "wgmma" (FP8 block scaling on Hopper), or "auto" (the
 default): per GEMM, ``lax.platform_dependent`` picks the recipe's native backend when the
 program is lowered for CUDA and "reference" for anything else; on Hopper (the process's GPU,
 or the GPU a deviceless compile targets, ``cuda_target``) a recipe's own Hopper GEMM is its
@@ -17,19 +18,19 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from lp_jax.gemm import cudnn, operands, wgmma, xla_fp8
+from lp_jax.gemm import cudnn, operands, wgmma, xla_fp8, xla_scaled_dot
 from lp_jax.kernels.cuda_target import cuda_major, cuda_target  # noqa: F401  (cuda_target re-exported)
 from lp_jax.recipes import BACKENDS, Recipe  # noqa: F401  (BACKENDS: the names, re-exported)
 
 # Each backend's GEMM; the module named says what it computes.
 _IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudnn": cudnn.scaled_dot,
-          "wgmma": wgmma.scaled_dot}
+          "xla_scaled_dot": xla_scaled_dot.scaled_dot, "wgmma": wgmma.scaled_dot}
 # Platforms a forced backend lowers on. cpu is where JAX executes both natively-typed paths
 # (tests compare them with reference there); CUDA is what they are for. Others (ROCm, TPU)
 # would need their own checks first, so they are refused rather than silently emulated.
 # "wgmma" on cpu is Pallas's GPU interpreter (for tests: seconds per GEMM).
 PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cuda"),
-             "wgmma": ("cpu", "cuda")}
+             "xla_scaled_dot": ("cpu", "cuda"), "wgmma": ("cpu", "cuda")}
 AUTO_PLATFORM = "cuda"  # where "auto" picks the native backend; reference everywhere else
 
 

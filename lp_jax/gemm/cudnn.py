@@ -38,7 +38,7 @@ ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
 SCALE_COLUMN_TILE = 4  # scale columns (blocks along K) per tile
 # Block formats by element type (E4M3 -> MXFP8's 32, E2M1 -> NVFP4's 16): the formats
 # cuDNN's block-scaled GEMM takes (E8M0 or E4M3 scales).
-_BLOCK_OF = {jnp.dtype(F.FORMAT_SPECS[f].element): F.FORMAT_SPECS[f].block for f in ("mxfp8", "nvfp4")}
+BLOCK_OF = {jnp.dtype(F.FORMAT_SPECS[f].element): F.FORMAT_SPECS[f].block for f in ("mxfp8", "nvfp4")}
 
 
 def _round_up(n, multiple):
@@ -53,7 +53,7 @@ def _tile_scales(q: QuantizedTensor, axis: int):
     return jnp.repeat(scales, F.BLOCK_SIZES[q.fmt], axis=0)[:rows]
 
 
-def _as_mx_scales(scales, k):
+def as_mx_scales(scales, k):
     """FP8 block scales (FP32 powers of two, [rows, K / 128]) as the E8M0 scales of 1x32
     blocks [rows, K / 32]: the exponent field is the E8M0 code, 2^-127 (subnormal, field
     0) included."""
@@ -108,8 +108,8 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     ad, as_, fa = block_operand(a, ca)
     bd, bs, fb = block_operand(b, cb)
     if as_.dtype == jnp.float32:  # FP8 block scaling, both operands
-        as_, bs = _as_mx_scales(as_, ad.shape[1]), _as_mx_scales(bs, bd.shape[1])
-    block = _BLOCK_OF[jnp.dtype(ad.dtype)]
+        as_, bs = as_mx_scales(as_, ad.shape[1]), as_mx_scales(bs, bd.shape[1])
+    block = BLOCK_OF[jnp.dtype(ad.dtype)]
     rows_a, rows_b = ad.shape[0], bd.shape[0]
     ad, as_ = _padded(ad, as_, block)
     bd, bs = _padded(bd, bs, block)

@@ -104,7 +104,7 @@ def test_dot_general_on_the_wgmma_backend_equals_the_reference():
 def test_only_fp8_block_runs_on_wgmma():
     with pytest.raises(ValueError, match="backend='wgmma' cannot run recipe 'mxfp8'"):
         lp.get_recipe("mxfp8", backend="wgmma")
-    assert lp.get_recipe("fp8_block").native_backends == ("cudnn", "wgmma")
+    assert lp.get_recipe("fp8_block").native_backends == ("cudnn", "wgmma", "xla_scaled_dot")
 
 
 def test_auto_picks_wgmma_on_hopper_and_cudnn_on_blackwell():

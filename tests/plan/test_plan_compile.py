@@ -62,6 +62,26 @@ def test_the_tiny_step_compiles_per_recipe_with_the_gemms_each_gpu_has(gpu, tmp_
 
 
 @needs_plugin
+def test_xla_scaled_dot_is_one_triton_gemm_per_gemm_on_b200(tmp_path, capsys):
+    """Forced onto XLA's scaled dot, MXFP8's and NVFP4's GEMMs compile for B200 into Triton
+    fusions of FP8 / FP4 operands, no cuDNN call, and the step has fewer kernels than on
+    cuDNN (no scale swizzles, no separate scaling of an FP32 result)."""
+    rows = {}
+    for backend in ("cudnn", "xla_scaled_dot"):
+        out = tmp_path / f"{backend}.json"
+        code = cli.main(["--config", TINY, "--gpu", "b200", "--gpus", "1", "--recipes", "mxfp8,nvfp4",
+                         "--json", str(out), *SMALL, f"precision.backend={backend}"])
+        assert code == 0, capsys.readouterr().out
+        rows[backend] = {r["recipe"]: r for r in json.loads(out.read_text())["rows"]}
+    quantized = 3 * 2 * LINEARS_PER_LAYER
+    for name, operand in (("mxfp8", "fp8"), ("nvfp4", "fp4")):
+        row = rows["xla_scaled_dot"][name]
+        assert "cudnn_block_scaled" not in row["gemms"], row["gemms"]
+        assert row["gemm_operand_types"].get(operand, 0) == quantized, row["gemm_operand_types"]
+        assert row["kernels"] < rows["cudnn"][name]["kernels"], (row["kernels"], rows["cudnn"][name]["kernels"])
+
+
+@needs_plugin
 def test_nvfp4_with_the_pallas_quantizers_compiles_inside_the_data_shard_map(tmp_path, capsys):
     """"auto" runs the Pallas kernels for NVFP4 on a data-parallel mesh; their tensor amax
     reduces over the data axis outside the kernel (Mosaic GPU lowers no collective in it)."""
