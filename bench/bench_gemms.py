@@ -9,7 +9,8 @@ TFLOP/s, then each recipe's with its quantizers included (BF16 tensors in, the G
 out: what a training step pays, the copies it stores included) and excluded (operands
 quantized beforehand, packed as the backward keeps them: the GEMM alone), with the speed-up
 over BF16. The GEMMs run on the recipe's backend as "auto" picks it on this platform (or the
-one given); rows are printed as they are measured, so a time limit still leaves a table.
+one given; a recipe written ``name@backend``, e.g. ``mxfp8@xla_scaled_dot``, runs on that
+one); rows are printed as they are measured, so a time limit still leaves a table.
 """
 from __future__ import annotations
 
@@ -74,6 +75,16 @@ def tflops(recipe, gemm, tensors, backend, included, repeats, key):
     return 2 * m * k * n / seconds / 1e12
 
 
+def _recipe(spec: str):
+    """A recipe from ``name`` or ``name@backend`` (that backend forced)."""
+    name, _, backend = spec.partition("@")
+    return lp.get_recipe(name, backend=backend) if backend else lp.get_recipe(name)
+
+
+def _label(recipe) -> str:
+    return recipe.name if recipe.backend == "auto" else f"{recipe.name}@{recipe.backend}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=8192)
@@ -89,14 +100,14 @@ def main(argv=None) -> int:
         args.budget_s = None
         args.tokens, args.shapes, args.repeats = 200, "40x24", 2
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
-    recipes = [lp.get_recipe(r) for r in args.recipes.split(",")]
+    recipes = [_recipe(spec) for spec in args.recipes.split(",")]
     modes = args.modes.split(",")
     start, key = time.perf_counter(), jax.random.key(0)
     print(platform_line())
     print(f"\nGEMM TFLOP/s, M = {args.tokens} tokens, backend {args.backend} "
           f"(on {backends.current_platform()}: " + ", ".join(
-              f"{r.name} {backends.backend_on(r, backends.current_platform())}" for r in recipes) + ")")
-    columns = ["K x N", "GEMM", "bf16"] + [f"{r.name} {m}" for r in recipes for m in modes]
+              f"{_label(r)} {backends.backend_on(r, backends.current_platform())}" for r in recipes) + ")")
+    columns = ["K x N", "GEMM", "bf16"] + [f"{_label(r)} {m}" for r in recipes for m in modes]
     print("| " + " | ".join(columns) + " |")
     print("|" + "|".join("---" for _ in columns) + "|")
     speedups = {c: [] for c in columns[3:]}
@@ -112,11 +123,11 @@ def main(argv=None) -> int:
             base = tflops(lp.get_recipe("bf16"), gemm, tensors, "reference", True, args.repeats, key)
             cells = [f"{k}x{n}", gemm, f"{base:.3g}"]
             for r in recipes:
-                backend = {"auto": backends.resolved(r), "native": r.native_backend}.get(
-                    args.backend, args.backend)
+                backend = r.backend if r.backend != "auto" else {
+                    "auto": backends.resolved(r), "native": r.native_backend}.get(args.backend, args.backend)
                 for mode in modes:
                     t = tflops(r, gemm, tensors, backend, mode == "incl", args.repeats, key)
-                    speedups[f"{r.name} {mode}"].append(t / base)
+                    speedups[f"{_label(r)} {mode}"].append(t / base)
                     cells.append(f"{t:.3g} ({t / base:.2f}x)")
             print("| " + " | ".join(cells) + " |", flush=True)
     print("\ngeometric-mean speed-up over BF16: " + ", ".join(

@@ -49,7 +49,8 @@ else
 fi
 
 echo "== 3. GEMM TFLOP/s at Llama 3 8B shapes, M = 8192 tokens (quantization included, excluded)"
-part 85 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 65 --recipes fp8_cs,fp8_block,mxfp8,nvfp4 $TINY
+part 85 "$PY" bench/bench_gemms.py --tokens 8192 --budget-s 65 --recipes fp8_cs,fp8_block,mxfp8,nvfp4,mxfp8@xla_scaled_dot \
+  $TINY
 
 echo "== 4. one transformer layer (Llama 3 8B width) forward+backward per recipe"
 part 65 "$PY" bench/bench_dot_general.py --mode block --layers 1 --tokens 8192 --d 4096 --ffn 14336 \
