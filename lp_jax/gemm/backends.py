@@ -109,8 +109,30 @@ _guard_p.def_impl(_guard_impl)
 _guard_p.def_abstract_eval(lambda aval, **_: aval)
 
 
+def check_partitioner(backend: str, platforms, devices: int, shardy: bool) -> None:
+    """Raises one line where XLA cannot compile ``backend``: its scaled dot, lowered for CUDA
+    on more than one device under the Shardy partitioner (JAX 0.12's XLA fails converting
+    the partitioned module, "Unable to convert MHLO to StableHLO"; GSPMD compiles it)."""
+    if backend == "xla_scaled_dot" and "cuda" in platforms and devices > 1 and shardy:
+        raise ValueError("lp_jax GEMM backend 'xla_scaled_dot' does not compile for CUDA on more than one "
+                         "device under the Shardy partitioner (an XLA limitation); set "
+                         "JAX_USE_SHARDY_PARTITIONER=false to partition with GSPMD, or use backend 'auto'")
+
+
+def _module_devices(module_context) -> int:
+    """How many devices the module being lowered is partitioned over (1 if unknown)."""
+    axis_context = module_context.axis_context
+    if hasattr(axis_context, "num_devices"):
+        return axis_context.num_devices
+    mesh = getattr(axis_context, "mesh", None)
+    return mesh.size if mesh is not None else 1
+
+
 def _guard_lowering(ctx, x, *, backend):
-    check_platforms(backend, ctx.platforms or ctx.module_context.platforms)
+    platforms = ctx.platforms or ctx.module_context.platforms
+    check_platforms(backend, platforms)
+    check_partitioner(backend, platforms, _module_devices(ctx.module_context),
+                      jax.config.jax_use_shardy_partitioner)
     return [x]
 
 

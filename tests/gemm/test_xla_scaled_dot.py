@@ -57,3 +57,36 @@ def test_only_block_formats_run_on_it():
         lp.get_recipe("fp8_cs", backend="xla_scaled_dot")
     assert lp.get_recipe("mxfp8").native_backends == ("cudnn", "xla_scaled_dot")
     assert lp.get_recipe("mxfp8").backend == "auto"  # auto stays on cuDNN: docs/backends.md
+
+
+TWO_DEVICES = r'''
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+import lp_jax as lp
+from bench.backend_check import inputs, linear_vjp_fn
+
+mesh = jax.make_mesh((2,), ("d",))
+x, w, dy = inputs((4, 25, 40), 24)
+x = jax.device_put(x, NamedSharding(mesh, P("d")))
+f = jax.jit(linear_vjp_fn(lp.get_recipe("nvfp4", backend="xla_scaled_dot")))
+f(x, w, dy)  # runs on the CPU's two devices
+try:
+    f.trace(x, w, dy).lower(lowering_platforms=("cuda",))
+except ValueError as e:
+    print("REFUSED", e)
+jax.config.update("jax_use_shardy_partitioner", False)
+f.trace(x, w, dy).lower(lowering_platforms=("cuda",))
+print("GSPMD LOWERED")
+'''
+
+
+def test_refused_in_one_line_for_cuda_on_two_devices_under_shardy():
+    """XLA cannot compile the scaled dot partitioned by Shardy for CUDA: the lowering says so
+    in one line and names the way out (GSPMD), which lowers; the CPU runs it either way."""
+    from tests.support.forced_devices import run_python
+
+    out = run_python(["-c", TWO_DEVICES], devices=2).stdout
+    refused = out.split("REFUSED ")[1].splitlines()[0]
+    assert "does not compile for CUDA on more than one device" in refused
+    assert "JAX_USE_SHARDY_PARTITIONER=false" in refused
+    assert "GSPMD LOWERED" in out
