@@ -43,7 +43,10 @@ class PrecisionConfig:
     block_scale_search_metric: Optional[str] = None
     # GEMM backend of the quantized GEMMs (docs/backends.md): auto (chosen when the step is
     # compiled: for CUDA cuBLASLt FP8 GEMMs for fp8_cs and cuDNN block-scaled GEMMs for mxfp8
-    # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4).
+    # and nvfp4, elsewhere reference) | reference | xla_fp8 (fp8_cs) | cudnn (mxfp8, nvfp4,
+    # fp8_block) | xla_scaled_dot (the block formats as XLA's scaled dot: a Triton fusion per
+    # GEMM, not yet timed on a GPU; several GPUs need JAX_USE_SHARDY_PARTITIONER=false) |
+    # wgmma (fp8_block on Hopper).
     backend: str = "auto"
     # Quantizer of the six operand copies (docs/backends.md, "Pallas quantization kernels"):
     # auto (xla until a GPU measures the Pallas kernels faster) | xla | pallas (the same bits).
