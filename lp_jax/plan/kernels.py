@@ -132,12 +132,21 @@ def _sliced_elements(comp, name: str) -> int | None:
     return total
 
 
+def _updated_in_place(comp, name: str) -> bool:
+    """Whether every use of ``name`` is the buffer a dynamic-update-slice writes into, directly
+    or through bitcasts (a bitcast moves no bytes: XLA bitcasts a stacked buffer whose
+    layout puts the layer axis inside, and still updates it in place)."""
+    users = _users(comp, name)
+    return bool(users) and all(
+        _updated_in_place(comp, u.name) if u.opcode == "bitcast" else
+        (u.opcode == "dynamic-update-slice" and u.operands[0] == name) for u in users)
+
+
 def _param_read_bytes(comp, param: Instruction) -> int:
     """What a fused parameter reads: the slices taken of it when every use is a slice (or an
     elementwise op of one whose every use is), nothing when every use is the buffer a
     dynamic-update-slice writes into."""
-    users = _users(comp, param.name)
-    if users and all(u.opcode == "dynamic-update-slice" and u.operands[0] == param.name for u in users):
+    if _updated_in_place(comp, param.name):
         return 0
     sliced = _sliced_elements(comp, param.name)
     if sliced is not None:

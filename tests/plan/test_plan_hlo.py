@@ -178,3 +178,30 @@ def test_an_async_fusion_is_one_kernel_that_moves_its_slices():
     (k,) = kernels(Module.parse(ASYNC_SLICE_UPDATE))
     assert k.opcode == "fusion-start" and k.runs == 1
     assert k.bytes == 256 * 4 + 4 + 256 * 2  # x's sliced half in f32, the index, the row written
+
+
+BITCAST_SLICE_UPDATE = """HloModule bitcast_update
+
+%fused_update (g: f32[64,1,32], buf: f32[8,32,64], i: s32[]) -> f32[64,8,32] {
+  %buf = f32[8,32,64]{1,0,2} parameter(1)
+  %view = f32[64,8,32]{2,1,0} bitcast(%buf)
+  %g = f32[64,1,32]{2,1,0} parameter(0)
+  %i = s32[] parameter(2)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[64,8,32]{2,1,0} dynamic-update-slice(%view, %g, %z, %i, %z)
+}
+
+ENTRY %main (g: f32[64,1,32], buf: f32[8,32,64], i: s32[]) -> f32[64,8,32] {
+  %g = f32[64,1,32]{2,1,0} parameter(0)
+  %buf = f32[8,32,64]{1,0,2} parameter(1)
+  %i = s32[] parameter(2)
+  ROOT %update = f32[64,8,32]{2,1,0} fusion(%g, %buf, %i), kind=kLoop, calls=%fused_update
+}
+"""
+
+
+def test_a_slice_update_through_a_bitcast_of_the_buffer_is_in_place():
+    """A stacked weight gradient whose layout puts the layer axis inside is bitcast before
+    the update; the kernel still writes one layer's slice, not the whole buffer."""
+    (k,) = kernels(Module.parse(BITCAST_SLICE_UPDATE))
+    assert k.bytes == 64 * 32 * 4 + 4 + 64 * 32 * 4  # the slice read, the index, the slice written
