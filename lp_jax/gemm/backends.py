@@ -32,6 +32,10 @@ _IMPLS = {"reference": operands.scaled_dot, "xla_fp8": xla_fp8.scaled_dot, "cudn
 PLATFORMS = {"reference": None, "xla_fp8": ("cpu", "cuda"), "cudnn": ("cpu", "cuda"),
              "xla_scaled_dot": ("cpu", "cuda"), "wgmma": ("cpu", "cuda")}
 AUTO_PLATFORM = "cuda"  # where "auto" picks the native backend; reference everywhere else
+# Forced backends XLA cannot compile for CUDA on more than one device under the Shardy
+# partitioner (JAX 0.12's XLA fails converting the partitioned module, "Unable to convert
+# MHLO to StableHLO"); GSPMD compiles them.
+SHARDY_FAILS_ON_CUDA = ("xla_scaled_dot",)
 
 
 def resolved(recipe: Recipe) -> str:
@@ -110,11 +114,9 @@ _guard_p.def_abstract_eval(lambda aval, **_: aval)
 
 
 def check_partitioner(backend: str, platforms, devices: int, shardy: bool) -> None:
-    """Raises one line where XLA cannot compile ``backend``: its scaled dot, lowered for CUDA
-    on more than one device under the Shardy partitioner (JAX 0.12's XLA fails converting
-    the partitioned module, "Unable to convert MHLO to StableHLO"; GSPMD compiles it)."""
-    if backend == "xla_scaled_dot" and "cuda" in platforms and devices > 1 and shardy:
-        raise ValueError("lp_jax GEMM backend 'xla_scaled_dot' does not compile for CUDA on more than one "
+    """Raises one line where XLA cannot compile ``backend`` (``SHARDY_FAILS_ON_CUDA``)."""
+    if backend in SHARDY_FAILS_ON_CUDA and "cuda" in platforms and devices > 1 and shardy:
+        raise ValueError(f"lp_jax GEMM backend {backend!r} does not compile for CUDA on more than one "
                          "device under the Shardy partitioner (an XLA limitation); set "
                          "JAX_USE_SHARDY_PARTITIONER=false to partition with GSPMD, or use backend 'auto'")
 

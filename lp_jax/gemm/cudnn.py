@@ -30,6 +30,7 @@ from lp_jax.gemm.operands import (
     transformed,
     uses_pallas,
 )
+from lp_jax.gemm.tensor_reduce import TENSOR
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.quantize import MX_BLOCK, QuantizedTensor
 from lp_jax.quantizer import quantize
@@ -102,14 +103,21 @@ def _padded(data, scales, block):
     return data, scales
 
 
-def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
-    """a x b over ``contracting`` in one block-scaled GEMM (FP32 accumulation), in out_dtype."""
+def block_operands(a, b, contracting):
+    """Both operands of a block-scaled GEMM, contraction last: (lhs data, lhs scales, lhs
+    tensor factor, rhs data, rhs scales, rhs factor, block size), FP8 block scaling's
+    scales as MXFP8's (E8M0, 1x32)."""
     (ca,), (cb,) = contracting
     ad, as_, fa = block_operand(a, ca)
     bd, bs, fb = block_operand(b, cb)
     if as_.dtype == jnp.float32:  # FP8 block scaling, both operands
         as_, bs = as_mx_scales(as_, ad.shape[1]), as_mx_scales(bs, bd.shape[1])
-    block = BLOCK_OF[jnp.dtype(ad.dtype)]
+    return ad, as_, fa, bd, bs, fb, BLOCK_OF[jnp.dtype(ad.dtype)]
+
+
+def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
+    """a x b over ``contracting`` in one block-scaled GEMM (FP32 accumulation), in out_dtype."""
+    ad, as_, fa, bd, bs, fb, block = block_operands(a, b, contracting)
     rows_a, rows_b = ad.shape[0], bd.shape[0]
     ad, as_ = _padded(ad, as_, block)
     bd, bs = _padded(bd, bs, block)
@@ -139,4 +147,4 @@ def _rounds_in_gemm(out_dtype, fa, fb) -> bool:
     if fa is not None or fb is not None or jnp.dtype(out_dtype).itemsize != 2:
         return False
     mesh = jax.sharding.get_abstract_mesh()
-    return mesh.empty or mesh.shape.get("tensor", 1) == 1
+    return mesh.empty or mesh.shape.get(TENSOR, 1) == 1

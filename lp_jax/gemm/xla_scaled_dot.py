@@ -22,30 +22,21 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.gemm.cudnn import BLOCK_OF, as_mx_scales, block_operand
+from lp_jax.gemm.cudnn import block_operands
 from lp_jax.gemm.operands import apply_factors
 
 
-def _whole_blocks(data, scales, block):
+def _whole_blocks(data, block):
     """K zero-padded to whole blocks (the call needs K = blocks x block size): the last
     block's scale is there already, and the zeros add nothing."""
-    k = data.shape[1]
-    pad = -k % block
-    if not pad:
-        return data, scales
-    return jnp.pad(data, ((0, 0), (0, pad))), scales
+    pad = -data.shape[1] % block
+    return jnp.pad(data, ((0, 0), (0, pad))) if pad else data
 
 
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     """a x b over ``contracting`` in one scaled dot (FP32 accumulation), in out_dtype."""
-    (ca,), (cb,) = contracting
-    ad, as_, fa = block_operand(a, ca)
-    bd, bs, fb = block_operand(b, cb)
-    if as_.dtype == jnp.float32:  # FP8 block scaling, both operands: as MXFP8 (docs/backends.md)
-        as_, bs = as_mx_scales(as_, ad.shape[1]), as_mx_scales(bs, bd.shape[1])
-    block = BLOCK_OF[jnp.dtype(ad.dtype)]
-    ad, as_ = _whole_blocks(ad, as_, block)
-    bd, bs = _whole_blocks(bd, bs, block)
+    ad, as_, fa, bd, bs, fb, block = block_operands(a, b, contracting)
+    ad, bd = _whole_blocks(ad, block), _whole_blocks(bd, block)
     # Where XLA expands the call it converts the bytes back up; the barrier keeps that
     # convert from meeting our quantizer's and being folded away as excess precision.
     ad, bd, as_, bs = lax.optimization_barrier((ad, bd, as_, bs))
