@@ -82,6 +82,18 @@ def cast_satfinite(x, dtype):
     return jnp.clip(x, -fmax, fmax).astype(dtype)
 
 
+def exact_f32(x):
+    """x (bf16 or f32) in float32, bf16 widened through its bits. The same values as
+    ``x.astype(float32)``, but XLA's GPU compiler, which may drop a float32 -> bf16 -> float32
+    round trip (excess precision), cannot see one here: a quantizer then reads the rounded
+    bf16 tensor its producer wrote, not the producer's float32 value (which XLA would also
+    have to write, at twice the bytes)."""
+    if x.dtype != jnp.bfloat16:
+        return x.astype(jnp.float32)
+    bits = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32) << 16
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def f32_bits(x):
     return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
 

@@ -378,7 +378,9 @@ def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=Non
     x = jnp.asarray(x)
     ndim = x.ndim
     axis = axis % ndim if ndim else 0
-    xf = as_quantizer_input(x)
+    # Widened through its bits (formats.exact_f32): on a GPU, XLA would otherwise quantize
+    # the float32 value a fused producer had before rounding it to x's bf16.
+    xf = F.exact_f32(as_quantizer_input(x))
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)

@@ -70,3 +70,13 @@ def test_cast_satfinite_saturates_and_keeps_nan():
     assert list(np.asarray(e4[:2])) == [448.0, -448.0] and np.isnan(e4[2]) and e4[3] == 448.0
     e5 = F.cast_satfinite(jnp.array([1e9, -1e9], jnp.float32), F.E5M2).astype(jnp.float32)
     assert list(np.asarray(e5)) == [57344.0, -57344.0]
+
+
+def test_exact_f32_widens_every_bf16_as_a_convert_does():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    x = jax.lax.bitcast_convert_type(jnp.asarray(bits), jnp.bfloat16)
+    want = np.asarray(x.astype(jnp.float32)).view(np.uint32)
+    got = np.asarray(jax.jit(F.exact_f32)(x)).view(np.uint32)
+    np.testing.assert_array_equal(got, want)  # NaN payloads, infinities and subnormals included
+    f = jnp.asarray([1.0, -3.5e-40, np.inf], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(F.exact_f32(f)).view(np.uint32), np.asarray(f).view(np.uint32))

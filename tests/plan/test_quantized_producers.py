@@ -1,0 +1,61 @@
+"""What XLA's GPU compiler writes around XLA's quantizers, compiled for a GPU (JAX's CUDA
+plugin, no GPU needed): an MLP block rebuilt in the backward (``remat=mlp``'s shape) writes no
+float32 tensor of its [tokens, F] shape. XLA may drop a float32 -> bf16 -> float32 round
+trip (excess precision); where a quantizer widened its bf16 input with a convert, the
+compiler handed it the producer's float32 value instead, written at twice the bytes and
+never rounded to bf16 as the quantizer's contract says (``formats.exact_f32``; it did so to
+FP8-CS on B200 and to MXFP8 and NVFP4, whose XLA quantizers Hopper runs, on H200)."""
+import re
+
+import pytest
+
+from tests.support.plan_targets import needs_plugin
+
+pytestmark = pytest.mark.gpu_compile
+TOKENS, D, F = 512, 256, 1024
+_FUSION_OUT = re.compile(r"^\s*%\S+ = (.+?) fusion\(", re.M)
+
+
+def _compiled_mlp(recipe, gpu):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import lp_jax
+    from lp_jax.gemm.prepared_kernel import prepare
+    from lp_jax.plan.compile_step import topology_devices
+    from lp_jax.plan.gpus import GPUS
+    from lp_jax.recipes import get_recipe
+    from models.activation_vjp import swiglu
+
+    dot = lp_jax.dot_general(recipe)
+
+    def linear(x, w):
+        return dot(x, w, (((1,), (0,)), ((), ())))
+
+    @jax.checkpoint
+    def mlp(x, wg, wu, wd):
+        return linear(swiglu(linear(x, wg), linear(x, wu)), wd)
+
+    def loss(x, *weights):
+        return jnp.sum(mlp(x, *weights).astype(jnp.float32) ** 2)
+
+    sharding = NamedSharding(Mesh(topology_devices(GPUS[gpu], 1), ("x",)), P())
+    abstract = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)  # noqa: E731
+    # The step hands the layers their weights' copies made ahead (precision.cache_weights).
+    r = get_recipe(recipe)
+    kernels = [jax.tree.map(abstract, jax.eval_shape(lambda w: prepare(r, w, jnp.bfloat16),
+                                                     jax.ShapeDtypeStruct(shape, jnp.float32)))
+               for shape in ((D, F), (D, F), (F, D))]
+    x = jax.ShapeDtypeStruct((TOKENS, D), jnp.bfloat16, sharding=sharding)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(x, *kernels).lower().compile().as_text()
+
+
+@needs_plugin
+@pytest.mark.parametrize("recipe,gpu", [("fp8_cs", "b200"), ("fp8_cs", "h200"), ("mxfp8", "h200"),
+                                        ("nvfp4", "h200")])
+def test_a_quantized_mlp_writes_no_float32_activation(recipe, gpu):
+    outputs = _FUSION_OUT.findall(_compiled_mlp(recipe, gpu))
+    assert any(re.search(r"f8e4m3fn|f4e2m1fn|u8\[", o) for o in outputs), "no quantized copies"
+    written = [o for o in outputs if f"f32[{TOKENS},{F}]" in o]
+    assert not written, written
