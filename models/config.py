@@ -31,6 +31,11 @@ LAYER_BODY_REMATS = tuple(p for p in REMAT_POLICIES if p not in ("none", "mlp"))
 # Named activations of a layer (jax.ad_checkpoint.checkpoint_name in models.layers).
 MEGATRON_SAVED = ("norm_out", "q", "k", "v", "attn_out", "residual", "gate", "up", "mlp_act")
 RECOMPUTED_ELEMENTWISE = ("norm_out", "mlp_act")
+# What a block rebuilt in the backward (remat "mlp", recompute_mlp_product) keeps of its
+# forward: FP8-CS's tensor amaxes, which lp_jax's quantizer names so (lp_jax.numerics.
+# quantize.TENSOR_AMAX), one scalar per quantized tensor, so that the rebuild casts its
+# tensors to FP8 again without reducing each one again.
+REBUILD_SAVED = ("tensor_amax",)
 # "xla": our einsum core, float32 softmax, materializes [B, heads, L, L] scores (the reference;
 # any platform). "cudnn": jax.nn.dot_product_attention's cuDNN flash kernel (GPU only).
 ATTENTION_IMPLS = ("xla", "cudnn")

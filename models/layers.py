@@ -16,7 +16,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from models.activation_vjp import rms_norm, rope, swiglu
-from models.config import LlamaConfig, output_init_std
+from models.config import REBUILD_SAVED, LlamaConfig, output_init_std
 from models.cudnn_attention import cudnn_attention
 from models.sharding import constrain
 
@@ -183,9 +183,10 @@ def _mlp_of_residual(modules, h_BxLxD):
 
 def _rebuilt_in_backward(fn):
     """``fn(modules, *arrays)`` (a tuple of modules) under a remat that saves nothing of what
-    it computes: the backward runs it again from its inputs. The modules enter as their state
-    and are merged afresh inside, so that nothing is written back to Variables of another
-    trace (nnx.remat would, and the trainer's steps merge the model inside a scan)."""
+    it computes but FP8-CS's scalar amaxes (REBUILD_SAVED): the backward runs it again from
+    its inputs. The modules enter as their state and are merged afresh inside, so that
+    nothing is written back to Variables of another trace (nnx.remat would, and the
+    trainer's steps merge the model inside a scan)."""
     def run(modules, *arrays):
         splits = [nnx.split(m) for m in modules]
 
@@ -193,7 +194,8 @@ def _rebuilt_in_backward(fn):
             return fn(tuple(nnx.merge(g, s) for (g, _), s in zip(splits, states)), *arrays)
 
         states = tuple(s for _, s in splits)
-        return jax.checkpoint(pure, policy=jax.checkpoint_policies.nothing_saveable)(states, *arrays)
+        policy = jax.checkpoint_policies.save_only_these_names(*REBUILD_SAVED)
+        return jax.checkpoint(pure, policy=policy)(states, *arrays)
     return run
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import four_over_six
@@ -84,6 +85,15 @@ def nvfp4_tensor_scale(amax):
     return jnp.where(bad, jnp.float32(1), s_enc)
 
 
+# The name FP8-CS's tensor amax carries (``jax.ad_checkpoint.checkpoint_name``): a remat
+# policy that saves it (models.config.REBUILD_SAVED) keeps one scalar per quantized tensor,
+# and a block rebuilt in the backward casts its tensors to FP8 again without reducing them
+# again (the same amax, so the same bits). MXFP8 has no tensor amax; NVFP4's, saved so,
+# cost its rebuilt MLP block more kernels than it saved (compiled for B200), so it is not
+# named.
+TENSOR_AMAX = "tensor_amax"
+
+
 def abs_max(x, axis=None, keepdims=False):
     """Plain NaN-propagating max |x| (a NaN anywhere makes the amax NaN), as float32.
 
@@ -105,7 +115,7 @@ def abs_max(x, axis=None, keepdims=False):
 
 def quantize_per_tensor(x, dtype, amax=None):
     """Returns (data, scale_inv). ``amax`` may be given (e.g. reduced across shards)."""
-    amax = abs_max(x) if amax is None else amax
+    amax = checkpoint_name(abs_max(x), TENSOR_AMAX) if amax is None else amax
     scale = tensor_scale_fp8(amax, F.max_of(dtype))
     return scale_cast_fp8(x, scale, dtype), F.recip(scale)
 

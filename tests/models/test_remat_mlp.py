@@ -95,3 +95,40 @@ def test_a_run_takes_it_and_does_not_also_rebuild_the_product(tmp_path):
     assert plan.model_config.recompute_mlp_product is False  # inside the rebuilt block already
     with pytest.raises(ValueError, match="remat='mlpp'; allowed: .*mlp"):
         llama.preset("tiny", remat="mlpp")
+
+
+def _reduce_maxes(jaxpr) -> int:
+    """reduce_max equations in a jaxpr and every jaxpr nested in it."""
+    import jax.extend as jex
+
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == "reduce_max"
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jex.core.ClosedJaxpr):
+                    n += _reduce_maxes(sub.jaxpr)
+                elif isinstance(sub, jex.core.Jaxpr):
+                    n += _reduce_maxes(sub)
+    return n
+
+
+def _backward_reduce_maxes(remat: str) -> int:
+    import jax
+    from flax import nnx
+
+    m = model("fp8_cs", False, remat)
+    graphdef, params, rest = nnx.split(m.layers[0], nnx.Param, ...)
+    body = m._layer_fn(graphdef)
+    x = jnp.ones((B, L, D), m.config.dtype)
+    rope = llama.rope_tables(jnp.broadcast_to(jnp.arange(L), (B, L)), m.config)
+    mask = llama.causal_document_mask(None, B, L)
+    out, vjp = jax.vjp(lambda p, x: body(p, rest, x, jnp.int32(0), rope, mask, None), params, x)
+    return _reduce_maxes(jax.make_jaxpr(vjp)(out).jaxpr)
+
+
+def test_the_rebuild_casts_to_fp8_with_the_forwards_amaxes():
+    """FP8-CS's tensor amaxes are kept (models.config.REBUILD_SAVED, a scalar each): the
+    rebuilt block casts gate's, up's and down's inputs again without reducing them again,
+    so its backward takes as many maxima as remat none's (it took 6 more before)."""
+    assert _backward_reduce_maxes("mlp") == _backward_reduce_maxes("none")
