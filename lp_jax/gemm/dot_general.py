@@ -17,10 +17,11 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from lp_jax import context
 from lp_jax.gemm import backends, param_gather, tensor_reduce
-from lp_jax.gemm.operands import operand, operand_pair, shares_bytes, stored
+from lp_jax.gemm.operands import PER_TENSOR, operand, operand_pair, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.gemm.prepared_kernel import PreparedKernel, weight_operands
 from lp_jax.recipes import Recipe, get_recipe
@@ -95,6 +96,12 @@ def _linear_bwd(cfg, res, dy):
     key = jax.random.wrap_key_data(key_data) if key_data is not None else None
     sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
     if shares_bytes(r.dgrad_dy, r.wgrad_dy):
+        if r.dgrad_dy.fmt in PER_TENSOR:
+            # dy's FP8-CS amax is not fused into dy's producer: fused into SwiGLU's backward
+            # (a reduction with several outputs), XLA left that kernel's exp(-gate) out and
+            # wrote it in float32 ([tokens, F]) for it to read. Apart, the amax is one more
+            # read of dy in BF16 (the 8B layer on a GB200: 16.75 -> 15.98 GB, docs/plan.md).
+            dy = lax.optimization_barrier(dy)
         g_dgrad = g_wgrad = operand(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
     else:
         g_dgrad, g_wgrad = operand_pair(dy, r.dgrad_dy, 1, r.wgrad_dy, 0, sr_key(_SR_DGRAD), sr_key(_SR_WGRAD),

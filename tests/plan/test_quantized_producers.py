@@ -5,6 +5,7 @@ trip (excess precision); where a quantizer widened its bf16 input with a convert
 compiler handed it the producer's float32 value instead, written at twice the bytes and
 never rounded to bf16 as the quantizer's contract says (``formats.exact_f32``; it did so to
 FP8-CS on B200 and to MXFP8 and NVFP4, whose XLA quantizers Hopper runs, on H200)."""
+import functools
 import re
 
 import pytest
@@ -12,11 +13,12 @@ import pytest
 from tests.support.plan_targets import needs_plugin
 
 pytestmark = pytest.mark.gpu_compile
-TOKENS, D, F = 512, 256, 1024
+SMALL = (512, 256, 1024)  # tokens, D, F
+LLAMA3_8B = (8192, 4096, 14336)  # one 8192-token sequence; XLA fuses differently at this size
 _FUSION_OUT = re.compile(r"^\s*%\S+ = (.+?) fusion\(", re.M)
 
 
-def _compiled_mlp(recipe, gpu):
+def _compiled_mlp(recipe, gpu, tokens, d, f):
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -27,13 +29,15 @@ def _compiled_mlp(recipe, gpu):
     from lp_jax.plan.gpus import GPUS
     from lp_jax.recipes import get_recipe
     from models.activation_vjp import swiglu
+    from models.config import REBUILD_SAVED
 
     dot = lp_jax.dot_general(recipe)
 
     def linear(x, w):
         return dot(x, w, (((1,), (0,)), ((), ())))
 
-    @jax.checkpoint
+    # Rebuilt in the backward as remat="mlp" rebuilds it (models.layers).
+    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.save_only_these_names(*REBUILD_SAVED))
     def mlp(x, wg, wu, wd):
         return linear(swiglu(linear(x, wg), linear(x, wu)), wd)
 
@@ -46,16 +50,20 @@ def _compiled_mlp(recipe, gpu):
     r = get_recipe(recipe)
     kernels = [jax.tree.map(abstract, jax.eval_shape(lambda w: prepare(r, w, jnp.bfloat16),
                                                      jax.ShapeDtypeStruct(shape, jnp.float32)))
-               for shape in ((D, F), (D, F), (F, D))]
-    x = jax.ShapeDtypeStruct((TOKENS, D), jnp.bfloat16, sharding=sharding)
+               for shape in ((d, f), (d, f), (f, d))]
+    x = jax.ShapeDtypeStruct((tokens, d), jnp.bfloat16, sharding=sharding)
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(x, *kernels).lower().compile().as_text()
 
 
 @needs_plugin
-@pytest.mark.parametrize("recipe,gpu", [("fp8_cs", "b200"), ("fp8_cs", "h200"), ("mxfp8", "h200"),
-                                        ("nvfp4", "h200")])
-def test_a_quantized_mlp_writes_no_float32_activation(recipe, gpu):
-    outputs = _FUSION_OUT.findall(_compiled_mlp(recipe, gpu))
+@pytest.mark.parametrize("recipe,gpu,shape", [("fp8_cs", "b200", SMALL), ("fp8_cs", "h200", SMALL),
+                                              ("mxfp8", "h200", SMALL), ("nvfp4", "h200", SMALL),
+                                              ("fp8_cs", "b200", LLAMA3_8B)])
+def test_a_quantized_mlp_writes_no_float32_activation(recipe, gpu, shape):
+    """At the 8B's shape FP8-CS also caught SwiGLU's backward: with dy's amax fused into it,
+    XLA wrote exp(-gate) in float32 for it (lp_jax.gemm.dot_general fences dy)."""
+    tokens, _, f = shape
+    outputs = _FUSION_OUT.findall(_compiled_mlp(recipe, gpu, *shape))
     assert any(re.search(r"f8e4m3fn|f4e2m1fn|u8\[", o) for o in outputs), "no quantized copies"
-    written = [o for o in outputs if f"f32[{TOKENS},{F}]" in o]
+    written = [o for o in outputs if f"f32[{tokens},{f}]" in o]
     assert not written, written
