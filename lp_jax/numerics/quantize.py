@@ -390,7 +390,7 @@ def quantize_xla(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=Non
     axis = axis % ndim if ndim else 0
     # Widened through its bits (formats.exact_f32): on a GPU, XLA would otherwise quantize
     # the float32 value a fused producer had before rounding it to x's bf16.
-    xf = F.exact_f32(as_quantizer_input(x))
+    xf = F.exact_f32(x)
     if fmt in ("fp8_e4m3", "fp8_e5m2"):
         data, scale_inv = quantize_per_tensor(xf, F.FORMAT_SPECS[fmt].element, tensor_amax)
         return QuantizedTensor(data, scale_inv, None, fmt, axis)
@@ -431,7 +431,8 @@ def _quantize_nvfp4_4over6(xf, axis, block_2d, rounding, key, metric, amax_t) ->
 
 
 def as_quantizer_input(x):
-    """x as bf16 or f32, what the block functions take (they upcast inside their fusions)."""
+    """x as bf16 or f32, what the quantizers take (the Pallas kernels read bf16 as it is;
+    ``quantize_xla`` widens it with ``formats.exact_f32``)."""
     return x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)
 
 

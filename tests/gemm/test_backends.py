@@ -20,6 +20,7 @@ from bench.backend_check import inputs, linear_vjp_fn, rel_err
 from bench.hlo_gemms import block_scaled_dots, fp8_dots, lowered_gemms
 from lp_jax import context
 from lp_jax.gemm import backends
+from tests.support.jaxpr_eqns import count_eqns
 
 RECIPES = {
     "fp8_cs": lp.get_recipe("fp8_cs"),
@@ -74,15 +75,11 @@ def test_native_backend_on_cpu_equals_reference(name, shape):
 
 def _native_gemm_eqns(recipe, args):
     """scaled_matmul calls and dot_generals of two FP8 operands in the traced program."""
-    def count(jaxpr):
-        n = 0
-        for eqn in jaxpr.eqns:
-            avals = [v.aval for v in eqn.invars]
-            n += eqn.primitive.name == "scaled_matmul_wrapper" or (
-                eqn.primitive.name == "dot_general" and all(str(a.dtype).startswith("float8") for a in avals))
-            n += sum(count(sub) for sub in jax.extend.core.jaxprs_in_params(eqn.params))
-        return n
-    return count(jax.make_jaxpr(linear_vjp_fn(recipe))(*args).jaxpr)
+    def native(eqn):
+        return eqn.primitive.name == "scaled_matmul_wrapper" or (
+            eqn.primitive.name == "dot_general"
+            and all(str(v.aval.dtype).startswith("float8") for v in eqn.invars))
+    return count_eqns(jax.make_jaxpr(linear_vjp_fn(recipe))(*args).jaxpr, native)
 
 
 @pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])

@@ -11,6 +11,7 @@ from lp_jax.config.yaml_io import load_config
 from lp_jax.training.validate import resolve
 from models import llama
 from tests.support.forced_devices import run_python
+from tests.support.jaxpr_eqns import count_eqns
 from tests.support.layer_residuals import layer_vjp_leaves
 from tests.support.recompute_bits import model
 
@@ -97,22 +98,6 @@ def test_a_run_takes_it_and_does_not_also_rebuild_the_product(tmp_path):
         llama.preset("tiny", remat="mlpp")
 
 
-def _reduce_maxes(jaxpr) -> int:
-    """reduce_max equations in a jaxpr and every jaxpr nested in it."""
-    import jax.extend as jex
-
-    n = 0
-    for eqn in jaxpr.eqns:
-        n += eqn.primitive.name == "reduce_max"
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jex.core.ClosedJaxpr):
-                    n += _reduce_maxes(sub.jaxpr)
-                elif isinstance(sub, jex.core.Jaxpr):
-                    n += _reduce_maxes(sub)
-    return n
-
-
 def _backward_reduce_maxes(remat: str) -> int:
     import jax
     from flax import nnx
@@ -124,7 +109,7 @@ def _backward_reduce_maxes(remat: str) -> int:
     rope = llama.rope_tables(jnp.broadcast_to(jnp.arange(L), (B, L)), m.config)
     mask = llama.causal_document_mask(None, B, L)
     out, vjp = jax.vjp(lambda p, x: body(p, rest, x, jnp.int32(0), rope, mask, None), params, x)
-    return _reduce_maxes(jax.make_jaxpr(vjp)(out).jaxpr)
+    return count_eqns(jax.make_jaxpr(vjp)(out).jaxpr, lambda eqn: eqn.primitive.name == "reduce_max")
 
 
 def test_the_rebuild_casts_to_fp8_with_the_forwards_amaxes():
