@@ -17,6 +17,7 @@ from flax import nnx
 from jax.experimental import topologies
 
 import lp_jax
+from lp_jax.errors import UserError
 from lp_jax.kernels.cuda_target import cuda_target
 from lp_jax.kernels.launch import compiled_kernels
 from lp_jax.parallel.linear_layout import LinearLayout
@@ -60,6 +61,23 @@ def device_bytes(tree, shardings) -> int:
     return total
 
 
+# XLA's words when it must build a cuDNN graph and has no GPU driver to build it with.
+_NEEDS_DRIVER = "deviceless cuDNN compilation is not enabled"
+
+
+def compile_lowered(lowered):
+    """``lowered`` compiled, with a deviceless compile's one known dead end explained."""
+    try:
+        return lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        if _NEEDS_DRIVER not in str(e):
+            raise
+        raise UserError(
+            f"JAX {jax.__version__}'s XLA builds cuDNN's graphs (attention, block-scaled GEMMs) "
+            "while it compiles for this GPU, and that needs a CUDA driver; compiling without a "
+            "GPU needs JAX below 0.12.1: pip install -e '.[gpu]' installs one") from None
+
+
 def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
     """The plan's first phase's train step compiled for ``count`` GPUs of kind ``gpu``."""
     cfg = plan.config
@@ -81,7 +99,7 @@ def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
     # Traced for CUDA: Pallas kernels compiled by Mosaic GPU, not interpreted as on this CPU.
     with compiled_kernels(), cudnn_sees(gpu), cuda_target(gpu.compute_capability):
         lowered = jitted_train_step(spec, state).trace(graphdef, spec, state, batch).lower()
-    compiled = lowered.compile()
+    compiled = compile_lowered(lowered)
     return CompiledStep(compiled, compiled.as_text(),
                         device_bytes(target["params"], shardings["params"])
                         + device_bytes(target["rest"], shardings["rest"]),
