@@ -63,6 +63,8 @@ def device_bytes(tree, shardings) -> int:
 
 # XLA's words when it must build a cuDNN graph and has no GPU driver to build it with.
 _NEEDS_DRIVER = "deviceless cuDNN compilation is not enabled"
+# The first JAX whose XLA does that for Blackwell (pyproject.toml's gpu extra stays below it).
+DEVICELESS_CUDNN_JAX_LIMIT = "0.12.1"
 
 
 def compile_lowered(lowered):
@@ -74,8 +76,9 @@ def compile_lowered(lowered):
             raise
         raise UserError(
             f"JAX {jax.__version__}'s XLA builds cuDNN's graphs (attention, block-scaled GEMMs) "
-            "while it compiles for this GPU, and that needs a CUDA driver; compiling without a "
-            "GPU needs JAX below 0.12.1: pip install -e '.[gpu]' installs one") from None
+            "while it compiles for this GPU, and that needs a CUDA driver; compiling without a GPU "
+            f"needs JAX below {DEVICELESS_CUDNN_JAX_LIMIT}: pip install -e '.[gpu]' installs one"
+        ) from None
 
 
 def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
