@@ -181,10 +181,14 @@ def _mlp_of_residual(modules, h_BxLxD):
     return mlp(norm(h_BxLxD))
 
 
+# The remat policy of a block rebuilt in the backward: nothing of what it computes is saved
+# but FP8-CS's scalar amaxes (REBUILD_SAVED).
+REBUILD_POLICY = jax.checkpoint_policies.save_only_these_names(*REBUILD_SAVED)
+
+
 def _rebuilt_in_backward(fn):
-    """``fn(modules, *arrays)`` (a tuple of modules) under a remat that saves nothing of what
-    it computes but FP8-CS's scalar amaxes (REBUILD_SAVED): the backward runs it again from
-    its inputs. The modules enter as their state and are merged afresh inside, so that
+    """``fn(modules, *arrays)`` (a tuple of modules) under REBUILD_POLICY: the backward runs it
+    again from its inputs. The modules enter as their state and are merged afresh inside, so that
     nothing is written back to Variables of another trace (nnx.remat would, and the
     trainer's steps merge the model inside a scan)."""
     def run(modules, *arrays):
@@ -194,8 +198,7 @@ def _rebuilt_in_backward(fn):
             return fn(tuple(nnx.merge(g, s) for (g, _), s in zip(splits, states)), *arrays)
 
         states = tuple(s for _, s in splits)
-        policy = jax.checkpoint_policies.save_only_these_names(*REBUILD_SAVED)
-        return jax.checkpoint(pure, policy=policy)(states, *arrays)
+        return jax.checkpoint(pure, policy=REBUILD_POLICY)(states, *arrays)
     return run
 
 

@@ -29,7 +29,7 @@ def _compiled_mlp(recipe, gpu, tokens, d, f):
     from lp_jax.plan.gpus import GPUS
     from lp_jax.recipes import get_recipe
     from models.activation_vjp import swiglu
-    from models.config import REBUILD_SAVED
+    from models.layers import REBUILD_POLICY
 
     dot = lp_jax.dot_general(recipe)
 
@@ -37,7 +37,7 @@ def _compiled_mlp(recipe, gpu, tokens, d, f):
         return dot(x, w, (((1,), (0,)), ((), ())))
 
     # Rebuilt in the backward as remat="mlp" rebuilds it (models.layers).
-    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.save_only_these_names(*REBUILD_SAVED))
+    @functools.partial(jax.checkpoint, policy=REBUILD_POLICY)
     def mlp(x, wg, wu, wd):
         return linear(swiglu(linear(x, wg), linear(x, wu)), wd)
 
