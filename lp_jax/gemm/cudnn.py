@@ -7,7 +7,8 @@ composite, which is how it is tested against the reference. Every operand goes i
 contraction axis last (B = 1), as ``lp_jax.quantize``'s bytes and scales, the bits the
 reference decodes. K is zero-padded to a multiple of 4 blocks and the rows to a multiple of
 128 (cuDNN's block-scale tile), and the result is sliced back. NVFP4's FP32 tensor scales
-multiply the FP32 result outside the call, one rounding each, as in the reference.
+multiply the FP32 result outside the call, one rounding each, as in the reference
+(``operands.scale_result``: plain multiplies on CUDA, which XLA fuses into the next kernel).
 Without tensor scales (MXFP8, FP8 block), a call lowered for CUDA returns the result in
 the output dtype: the GEMM rounds its FP32 accumulator once, as the FP32 result's cast
 would, and writes (and its consumer reads) half the bytes (docs/backends.md).
@@ -24,8 +25,8 @@ from jax import lax
 from lp_jax.gemm.operands import (
     Pending,
     Transposed,
-    apply_factors,
     quantize_kwargs,
+    scale_result,
     stored,
     transformed,
     uses_pallas,
@@ -129,7 +130,7 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
         def run(ad, bd, as_, bs):
             out = jax.nn.scaled_matmul(ad[None], bd[None], as_[None], bs[None],
                                        preferred_element_type=result_dtype)
-            return apply_factors(out[0, :rows_a, :rows_b], fa, fb).astype(out_dtype)
+            return scale_result(out[0, :rows_a, :rows_b], fa, fb).astype(out_dtype)
         return run
 
     if not _rounds_in_gemm(out_dtype, fa, fb):

@@ -226,6 +226,26 @@ def apply_factors(out, *factors):
     return out
 
 
+def _multiplied(out, *factors):
+    for factor in factors:
+        out = out * factor
+    return out
+
+
+def scale_result(out, *factors):
+    """``apply_factors`` as the platform the program is lowered for computes it: through
+    ``formats.mul`` on CPU, which flushes subnormals, and as plain FP32 multiplies in the
+    same order on CUDA, which keeps them (XLA's GPU default): there each multiply is the
+    one IEEE rounding the contract names, a subnormal factor or result included. On a GPU
+    the plain form is a few multiplies that XLA fuses into the result's consumers, where
+    ``formats.mul``'s selects over the whole result kept the scaling a kernel of its own
+    (NVFP4's 8B layer on a GB200: four [tokens, F] passes, docs/plan.md)."""
+    given = [f for f in factors if f is not None]
+    if not given:
+        return out
+    return lax.platform_dependent(out, *given, default=apply_factors, cuda=_multiplied)
+
+
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     """The reference GEMM: contracts operands a and b in FP32 accumulation, applies both
     tensor factors to the FP32 result, casts to out_dtype. contracting: ((a_axis,), (b_axis,)).

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lp_jax.gemm.cudnn import block_operands
-from lp_jax.gemm.operands import apply_factors
+from lp_jax.gemm.operands import scale_result
 
 
 def _whole_blocks(data, block):
@@ -42,4 +42,4 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     ad, bd, as_, bs = lax.optimization_barrier((ad, bd, as_, bs))
     out = lax.scaled_dot(ad, bd, lhs_scale=as_, rhs_scale=bs, dimension_numbers=(((1,), (1,)), ((), ())),
                          preferred_element_type=jnp.float32)
-    return apply_factors(out, fa, fb).astype(out_dtype)
+    return scale_result(out, fa, fb).astype(out_dtype)
