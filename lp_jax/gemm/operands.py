@@ -11,6 +11,8 @@ FP32 and applies the factors once to the FP32 result, as a block-scaled GEMM doe
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -217,18 +219,12 @@ def f32_dot(av, ca, bv, cb):
     return lax.platform_dependent(av, bv, cpu=cpu, default=default)
 
 
-def apply_factors(out, *factors):
+def apply_factors(out, *factors, mul=F.mul):
     """The FP32 GEMM result times the operands' tensor factors, one rounding each, as the
     reference applies them (a factor may be a float32 subnormal: formats.mul)."""
     for factor in factors:
         if factor is not None:
-            out = F.mul(out, factor)
-    return out
-
-
-def _multiplied(out, *factors):
-    for factor in factors:
-        out = out * factor
+            out = mul(out, factor)
     return out
 
 
@@ -243,7 +239,8 @@ def scale_result(out, *factors):
     given = [f for f in factors if f is not None]
     if not given:
         return out
-    return lax.platform_dependent(out, *given, default=apply_factors, cuda=_multiplied)
+    return lax.platform_dependent(out, *given, default=apply_factors,
+                                  cuda=functools.partial(apply_factors, mul=operator.mul))
 
 
 def scaled_dot(a, b, contracting, compute_dtype, out_dtype):

@@ -70,27 +70,19 @@ def test_a_quantized_mlp_writes_no_float32_activation(recipe, gpu, shape):
     assert not written, written
 
 
-_DEF = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* ", re.M)
-_FUSION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* fusion\(([^)]*)\)", re.M)
-
-
-def _elements(dims):
-    return math.prod(int(d) for d in dims.split(",") if d)
-
-
 def scaling_only_kernels(hlo, elements):
     """Fusions that read one float32 array of ``elements`` and write it as one bf16 array:
     a GEMM's FP32 result scaled and cast in a pass of its own."""
-    types = {m.group(1): (m.group(2), _elements(m.group(3))) for m in _DEF.finditer(hlo)}
-    found = []
-    for name, dtype, dims, operands in _FUSION.findall(hlo):
-        if dtype != "bf16" or _elements(dims) != elements:
-            continue
-        big = [types.get(o.strip().lstrip("%")) for o in operands.split(",")]
-        big = [t for t in big if t and t[1] == elements]
-        if [t[0] for t in big] == ["f32"]:
-            found.append(name)
-    return found
+    from lp_jax.plan.hlo_module import Module, arrays
+
+    module = Module.parse(hlo)
+
+    def full_size(shape):
+        return [dtype for dtype, dims in arrays(shape) if math.prod(dims) == elements]
+
+    return [i.name for c in module.computations.values() for i in c.instructions
+            if i.opcode == "fusion" and len(arrays(i.shape)) == 1 and full_size(i.shape) == ["bf16"]
+            and [d for o in i.operands for d in full_size(module.operand_shape(o))] == ["f32"]]
 
 
 @needs_plugin
