@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lp_jax import gpu_division
 from lp_jax.exports import lazy_exports
-
-# Before JAX starts: XLA's GPU code then divides as IEEE does (lp_jax.gpu_division).
-gpu_division.request_or_warn()
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.gemm.dot_general": ("KeepKernelDtype", "LowPrecisionDotGeneral", "dot_general"),

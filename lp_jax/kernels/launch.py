@@ -21,6 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from lp_jax.kernels.cuda_target import cuda_major
+from lp_jax.numerics.division import integer_division
 
 GRID_NAMES = ("a", "i", "j")  # batch, tile row, tile column
 
@@ -127,12 +128,15 @@ def tiled_kernel(compute: Callable, inputs: Sequence, in_blocks: Sequence[Block 
         for g, s, blk in zip(in_g, in_s, in_blocks):
             plgpu.copy_gmem_to_smem(g if blk is None else blk.window(g, a, i, j), s, barrier)
             plgpu.barrier_wait(barrier)
-        if by_ref:
-            compute((a, i, j), *in_s, *out_s)
-        else:
-            tiles = compute((a, i, j), *(s if blk is None else s[...] for s, blk in zip(in_s, in_blocks)))
-            for s, t in zip(out_s, tiles):
-                s[...] = t
+        # Mosaic GPU divides approximately and has no per-platform branches: the scales'
+        # quotients are taken on integers (lp_jax.numerics.division), interpreted or not.
+        with integer_division():
+            if by_ref:
+                compute((a, i, j), *in_s, *out_s)
+            else:
+                tiles = compute((a, i, j), *(s if blk is None else s[...] for s, blk in zip(in_s, in_blocks)))
+                for s, t in zip(out_s, tiles):
+                    s[...] = t
         plgpu.commit_smem()
         for g, s, blk in zip(out_g, out_s, out_blocks):
             plgpu.copy_smem_to_gmem(s, blk.window(g, a, i, j))

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lp_jax.numerics.division import div
+
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
 E2M1 = jnp.float4_e2m1fn
@@ -179,7 +181,7 @@ def recip(s):
     """
     s = s.astype(jnp.float32)
     big = s > _TWO_126
-    scaled = jnp.float32(1) / jnp.where(big, s * _TWO_M64, s)
+    scaled = div(jnp.float32(1), jnp.where(big, s * _TWO_M64, s))
     sig, exp = _significand(scaled)
     return jnp.where(big, _subnormal_from_scaled_int(sig, exp - 64), scaled)
 
@@ -221,8 +223,8 @@ def nvfp4_encode_factor(s_b, s_dec):
     p_sub = _subnormal_from_scaled_int((sig_b >> 20) * sig_d, exp_b + 20 + exp_d)
     small = p_normal < _MIN_NORMAL  # the product is subnormal (or zero)
     up = (f32_bits(p_sub) & 0xFFFFFF).astype(jnp.float32) * np.float32(2.0**-85)  # p * 2^64
-    enc_small = (jnp.float32(1) / up) * np.float32(2.0**32) * np.float32(2.0**32)  # inf if > max
-    enc = jnp.where(small, enc_small, jnp.float32(1) / p_normal)
+    enc_small = div(jnp.float32(1), up) * np.float32(2.0**32) * np.float32(2.0**32)  # inf if > max
+    enc = jnp.where(small, enc_small, div(jnp.float32(1), p_normal))
     return jnp.minimum(enc, jnp.float32(FLT_MAX))
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from lp_jax.numerics import formats as F
+from lp_jax.numerics.division import div
 
 BOUND = 256  # the tensor scale maps amax to 6 x BOUND
 DENOM = np.float32(6 * BOUND)  # 1536, exact
@@ -27,7 +28,7 @@ BLOCK = 16
 def tensor_scale(amax):
     """S_enc = min(1536 / amax, FLT_MAX) in float32; 1 if amax is 0 or not finite."""
     amax = amax.astype(jnp.float32)
-    s_enc = jnp.minimum(DENOM / amax, jnp.float32(F.FLT_MAX))
+    s_enc = jnp.minimum(div(DENOM, amax), jnp.float32(F.FLT_MAX))
     bad = (amax == 0) | ~jnp.isfinite(amax) | (s_enc == 0)
     return jnp.where(bad, jnp.float32(1), s_enc)
 
@@ -62,7 +63,7 @@ def choose_scales(xb, amax_b, amax_t, tiles: bool, metric: str = "mae"):
     amax_t = amax_t.astype(jnp.float32)
     s_enc = tensor_scale(amax_t)
     s_dec = F.recip(s_enc)
-    base = (amax_b.astype(jnp.float32) / np.float32(6)) * s_enc
+    base = div(amax_b.astype(jnp.float32), np.float32(6)) * s_enc
     s6 = F.cast_satfinite(jnp.minimum(base, np.float32(F.E4M3_MAX)), F.E4M3)
     s4 = F.cast_satfinite(jnp.minimum(np.float32(1.5) * base, np.float32(F.E4M3_MAX)), F.E4M3)
     # Materialized per block: the E4M3 rounding must survive (excess precision on GPU would
@@ -74,7 +75,7 @@ def choose_scales(xb, amax_b, amax_t, tiles: bool, metric: str = "mae"):
         enc = lax.optimization_barrier(F.nvfp4_encode_factor(sv, s_dec))
         # NVFP4's encoding (quantize.nvfp4_encode_values) of the candidate, nearest
         q = F.e2m1_round_values(jnp.clip(x * expand(enc), -F.E2M1_MAX, F.E2M1_MAX))
-        val = ((q * expand(sv)) * amax_t) / DENOM
+        val = div((q * expand(sv)) * amax_t, DENOM)
         diff = val - x
         d = jnp.abs(diff) if metric == "mae" else diff * diff
         out.append((s, enc, _tile_error(d) if tiles else _in_order(d)))

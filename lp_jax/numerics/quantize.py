@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from lp_jax.numerics.division import div
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import four_over_six
 from lp_jax.numerics.manual_axes import tensor_amax as manual_tensor_amax
@@ -69,7 +70,7 @@ class QuantizedTensor:
 def tensor_scale_fp8(amax, fmax):
     """FP8-CS: scale = fmax / amax in float32; 1 if amax is 0/inf/NaN; FLT_MAX on overflow."""
     amax = amax.astype(jnp.float32)
-    scale = jnp.float32(fmax) / amax
+    scale = div(jnp.float32(fmax), amax)
     scale = jnp.where(jnp.isinf(scale), jnp.float32(F.FLT_MAX), scale)
     bad = (amax == 0) | ~jnp.isfinite(amax)
     return jnp.where(bad, jnp.float32(1), scale)
@@ -78,7 +79,7 @@ def tensor_scale_fp8(amax, fmax):
 def nvfp4_tensor_scale(amax):
     """NVFP4 S_enc = 2688 / amax (float32), clamped to FLT_MAX; 1 if amax is 0/not finite."""
     amax = amax.astype(jnp.float32)
-    s_enc = jnp.minimum(jnp.float32(NVFP4_TENSOR_SCALE_NUM) / amax, jnp.float32(F.FLT_MAX))
+    s_enc = jnp.minimum(div(jnp.float32(NVFP4_TENSOR_SCALE_NUM), amax), jnp.float32(F.FLT_MAX))
     # isnan | isinf rather than ~isfinite: the same test, and one Mosaic GPU lowers (the
     # Pallas kernels compute S_enc from the amax themselves).
     bad = (amax == 0) | jnp.isnan(amax) | jnp.isinf(amax) | (s_enc == 0)
@@ -231,7 +232,7 @@ def fp8_block_scales(amax):
     reciprocal of the largest scale, is subnormal."""
     amax = amax.astype(jnp.float32)
     bits = F.f32_bits(amax)
-    scale = jnp.float32(F.E4M3_MAX) / amax
+    scale = div(jnp.float32(F.E4M3_MAX), amax)
     scale = jnp.where(jnp.isinf(scale), jnp.float32(F.FLT_MAX), scale)
     scale = jnp.where((bits == 0) | (bits >= 0x7F800000), jnp.float32(1), scale)
     e = (F.f32_bits(scale) >> 23) & 0xFF  # scale >= 448 / FLT_MAX: always normal

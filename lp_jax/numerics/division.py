@@ -1,0 +1,166 @@
+"""Float32 division rounded as IEEE rounds it, on every platform lp_jax compiles for.
+
+The quantizers' scales are quotients (FP8-CS's ``448 / amax``, NVFP4's ``2688 / amax`` and
+``1 / (s_b * S_dec)``, FP8 block's per-block ``448 / amax``, 4/6's reconstructions), and a
+scale one ulp off moves the codes of elements near a rounding boundary. XLA on CPU divides
+as IEEE does. Compiled for an NVIDIA GPU, XLA divides by ``div.full.f32`` (up to 2 ulp off)
+and takes reciprocals by ``rcp.approx.f32``, and Mosaic GPU (the Pallas kernels) does the
+same; XLA's only switch for it, an LLVM option in ``XLA_FLAGS``, also reaches XLA's CPU
+compiler, which since JAX 0.12.1 exits on an option it does not know. So where the program
+is lowered for CUDA, ``div`` divides the significands by integer long division instead:
+integer operations are exact on every device, and 25 quotient bits, the remainder's sticky
+bit and ties to even give the IEEE quotient, subnormal operands and results included. A
+constant divisor with a small odd part (4/6's per-element ``/ 1536``) takes one integer
+division by that constant instead of 25 steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import operator
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+_SIGN = np.uint32(0x80000000)
+_INF = np.uint32(0x7F800000)
+_NAN = np.uint32(0x7FC00000)
+_HIDDEN = np.uint32(0x800000)  # the implicit leading bit of a normal significand
+_QUOTIENT_BITS = 25  # 24 significand bits and the rounding bit below them
+
+_INTEGER_DIVISION = contextvars.ContextVar("lp_jax_integer_division", default=False)
+
+
+@contextlib.contextmanager
+def integer_division() -> Iterator[None]:
+    """``div`` traced inside divides on integers whatever the platform: for Pallas kernel
+    bodies lowered by Mosaic GPU, which have no per-platform branches of their own. (A
+    function jitted before and called inside keeps the trace jit cached for it.)"""
+    token = _INTEGER_DIVISION.set(True)
+    try:
+        yield
+    finally:
+        _INTEGER_DIVISION.reset(token)
+
+
+def div(a, b):
+    """a / b in float32 with IEEE rounding: XLA's division on CPU and elsewhere, integer long
+    division (``ieee_div``) where lowered for CUDA or inside ``integer_division``."""
+    a = jnp.asarray(a, jnp.float32)
+    if _INTEGER_DIVISION.get():
+        return ieee_div(a, b)
+    if _small_odd_part(b) is not None:  # kept a constant: ieee_div divides by it faster
+        b = np.float32(b)
+        return lax.platform_dependent(a, default=lambda a: a / b, cuda=lambda a: ieee_div(a, b))
+    a, b = jnp.broadcast_arrays(a, jnp.asarray(b, jnp.float32))
+    return lax.platform_dependent(a, b, default=operator.truediv, cuda=ieee_div)
+
+
+def _bits(x):
+    return lax.bitcast_convert_type(x, jnp.uint32)
+
+
+def _normalized(magnitude):
+    """(significand with bit 23 set, exponent e) with |x| = sig * 2^(e - 23), for the bits of
+    a finite nonzero |x|; a subnormal's significand is shifted up (binary search, no clz)."""
+    biased = (magnitude >> 23).astype(jnp.int32)
+    fraction = magnitude & 0x7FFFFF
+    sig = jnp.where(biased > 0, fraction | _HIDDEN, fraction)
+    exponent = jnp.maximum(biased, 1) - 127
+    for step in (16, 8, 4, 2, 1):
+        short = sig < (1 << (24 - step))
+        sig = jnp.where(short, sig << step, sig)
+        exponent = jnp.where(short, exponent - step, exponent)
+    return sig, exponent
+
+
+def _round_shifted(q, shift, sticky):
+    """q >> shift rounded to nearest, ties to even, where ``sticky`` says that bits below q
+    (a nonzero remainder) were dropped already; shift in [1, 26]."""
+    shift = shift.astype(jnp.uint32)
+    kept = q >> shift
+    dropped = q & ((jnp.uint32(1) << shift) - 1)
+    half = jnp.uint32(1) << (shift - 1)
+    up = (dropped > half) | ((dropped == half) & (sticky | ((kept & 1) == 1)))
+    return kept + up.astype(jnp.uint32)
+
+
+def _long_division(sig_a, exp_a, sig_b, exp_b):
+    """(q in [2^24, 2^25), exponent, sticky) with sig_a 2^exp_a / (sig_b 2^exp_b) equal to
+    q 2^(exponent - 24) plus a remainder below one unit of q that is nonzero where sticky."""
+    below = (sig_a < sig_b).astype(jnp.uint32)  # so that sig_b <= r < 2 sig_b: a leading 1
+    r = sig_a << below
+    q = jnp.zeros_like(r)
+    for _ in range(_QUOTIENT_BITS):
+        bit = (r >= sig_b).astype(jnp.uint32)
+        q = (q << 1) | bit
+        r = (r - bit * sig_b) << 1
+    return q, exp_a - exp_b - below.astype(jnp.int32), r != 0
+
+
+def _small_odd_part(b) -> tuple[int, int] | None:
+    """(d, k) with b = d 2^k, d odd and below 2^6, for a positive normal float32 constant b
+    (1536 = 3 2^9, 6 = 3 2^1); None for anything else."""
+    if isinstance(b, jax.core.Tracer) or np.ndim(b) != 0:
+        return None
+    value = np.float32(b)
+    if not (np.isfinite(value) and value >= np.finfo(np.float32).tiny):
+        return None
+    mantissa, exponent = np.frexp(value)  # value = mantissa 2^exponent, mantissa in [0.5, 1)
+    d, k = int(mantissa * 2**24), int(exponent) - 24
+    while d % 2 == 0:
+        d, k = d // 2, k + 1
+    return (d, k) if d < 2**6 else None
+
+
+def _division_by_constant(sig_a, exp_a, d, k):
+    """``_long_division`` by the constant d 2^k (d odd, below 2^6): one integer division by a
+    constant, which compilers turn into a multiply-high and a shift, for 25 quotient bits."""
+    n = sig_a << 7  # in [2^30, 2^31)
+    whole = n // np.uint32(d)
+    # whole's top bit is 30 - L or 31 - L (L = d's bit length): 25 bits are kept
+    length = d.bit_length()
+    shift = jnp.where(whole >= np.uint32(2 ** (31 - length)), 7 - length, 6 - length).astype(jnp.uint32)
+    q = whole >> shift
+    sticky = ((n - whole * np.uint32(d)) != 0) | ((whole & ((jnp.uint32(1) << shift) - 1)) != 0)
+    # a / b = (n / d) 2^(exp_a - 30 - k), n / d = q 2^shift plus what sticky marks
+    return q, exp_a - 6 - k + shift.astype(jnp.int32), sticky
+
+
+def ieee_div(a, b):
+    """a / b for float32 a, b, rounded to nearest even as IEEE 754 divides, from integer
+    operations only: the same bits on CPU, GPU and in Mosaic GPU kernels (no subnormal is
+    flushed). Zeros, infinities and NaN give IEEE's results (NaN as the canonical quiet NaN).
+    A constant divisor whose significand has a small odd part (1536, 6) takes one integer
+    division by a constant instead of 25 long-division steps."""
+    constant = _small_odd_part(b)
+    a_bits, b_bits = _bits(jnp.asarray(a, jnp.float32)), _bits(jnp.asarray(b, jnp.float32))
+    a_bits, b_bits = jnp.broadcast_arrays(a_bits, b_bits)
+    sign = (a_bits ^ b_bits) & _SIGN
+    a_mag, b_mag = a_bits & ~_SIGN, b_bits & ~_SIGN
+
+    sig_a, exp_a = _normalized(a_mag)
+    if constant is None:
+        q, exponent, sticky = _long_division(sig_a, exp_a, *_normalized(b_mag))
+    else:
+        q, exponent, sticky = _division_by_constant(sig_a, exp_a, *constant)
+    # |a / b| = q * 2^(exponent - 24), q in [2^24, 2^25)
+    normal = _round_shifted(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
+    carry = (normal >> 24).astype(jnp.int32)
+    biased = exponent + 127 + carry
+    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | ((normal >> carry.astype(jnp.uint32)) & 0x7FFFFF)
+    # below 2^-126: q * 2^(exponent - 24) on the grid of 2^-149 is q >> (-exponent - 125)
+    shift = -exponent - 125
+    tiny = jnp.where(shift > 26, 0, _round_shifted(q, jnp.clip(shift, 1, 26), sticky))
+    magnitude = jnp.where(biased > 254, _INF, jnp.where(exponent < -126, tiny, normal_bits))
+
+    a_nan, b_nan = a_mag > _INF, b_mag > _INF
+    a_inf, b_inf = a_mag == _INF, b_mag == _INF
+    a_zero, b_zero = a_mag == 0, b_mag == 0
+    nan = a_nan | b_nan | (a_inf & b_inf) | (a_zero & b_zero)
+    magnitude = jnp.where(a_inf | b_zero, _INF, jnp.where(a_zero | b_inf, jnp.uint32(0), magnitude))
+    out = jnp.where(nan, _NAN, sign | magnitude)
+    return lax.bitcast_convert_type(out, jnp.float32)
