@@ -42,7 +42,8 @@ if [[ -n "$TINY" ]]; then
   echo "   skipped with --tiny (the test suite runs these on CPU)"
 elif "$PY" -c "import pytest" 2>/dev/null; then
   part 80 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/numerics/test_quantize_formats.py \
-    tests/numerics/test_quantize_tensor_scales.py tests/gemm/test_dot_general.py tests/test_jax_apis.py \
+    tests/numerics/test_quantize_tensor_scales.py tests/numerics/test_division.py tests/gemm/test_dot_general.py \
+    tests/test_jax_apis.py \
     tests/kernels/test_fp8_block_gemm.py
 else
   echo "   pytest missing: skipped"

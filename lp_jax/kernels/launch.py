@@ -117,6 +117,7 @@ def tiled_kernel(compute: Callable, inputs: Sequence, in_blocks: Sequence[Block 
     out of a loaded vector). Each output tile goes to SMEM and is copied to its block.
     """
     n_in = len(inputs)
+    params = interpret_params(interpret)
     inputs = [x if b is not None else _pad_lanes(x) for x, b in zip(inputs, in_blocks)]
     in_shapes = [b.shape if b is not None else x.shape for x, b in zip(inputs, in_blocks)]
 
@@ -128,9 +129,10 @@ def tiled_kernel(compute: Callable, inputs: Sequence, in_blocks: Sequence[Block 
         for g, s, blk in zip(in_g, in_s, in_blocks):
             plgpu.copy_gmem_to_smem(g if blk is None else blk.window(g, a, i, j), s, barrier)
             plgpu.barrier_wait(barrier)
-        # Mosaic GPU divides approximately and has no per-platform branches: the scales'
-        # quotients are taken on integers (lp_jax.numerics.division), interpreted or not.
-        with integer_division():
+        # Mosaic GPU divides approximately and has no per-platform branches: compiled, the
+        # scales' quotients are taken on integers (lp_jax.numerics.division); interpreted,
+        # by the division of the platform the interpreter runs on.
+        with integer_division() if params is None else contextlib.nullcontext():
             if by_ref:
                 compute((a, i, j), *in_s, *out_s)
             else:
@@ -148,7 +150,7 @@ def tiled_kernel(compute: Callable, inputs: Sequence, in_blocks: Sequence[Block 
     scratch.append(plgpu.Barrier(num_arrivals=1))
     kernel = plgpu.kernel(body, out_type=list(out_types), scratch_types=scratch, grid=grid,
                           grid_names=GRID_NAMES, compiler_params=plgpu.CompilerParams(**COMPILER_PARAMS),
-                          interpret=interpret_params(interpret))
+                          interpret=params)
     return kernel(*inputs)
 
 
