@@ -77,10 +77,10 @@ def _normalized(magnitude):
     return sig, exponent
 
 
-def _round_shifted(q, shift, sticky):
-    """q >> shift rounded to nearest, ties to even, where ``sticky`` says that bits below q
-    (a nonzero remainder) were dropped already; shift in [1, 26]."""
-    shift = shift.astype(jnp.uint32)
+def rne_shift_right(q, shift, sticky=False):
+    """uint32 q >> shift rounded to nearest, ties to even, shift clipped to [1, 31];
+    ``sticky`` says where nonzero bits below q (a division's remainder) were dropped already."""
+    shift = jnp.clip(shift, 1, 31).astype(jnp.uint32)
     kept = q >> shift
     dropped = q & ((jnp.uint32(1) << shift) - 1)
     half = jnp.uint32(1) << (shift - 1)
@@ -148,13 +148,13 @@ def ieee_div(a, b):
     else:
         q, exponent, sticky = _division_by_constant(sig_a, exp_a, *constant)
     # |a / b| = q * 2^(exponent - 24), q in [2^24, 2^25)
-    normal = _round_shifted(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
-    carry = (normal >> 24).astype(jnp.int32)
-    biased = exponent + 127 + carry
-    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | ((normal >> carry.astype(jnp.uint32)) & 0x7FFFFF)
+    normal = rne_shift_right(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
+    carry = normal >> 24  # rounded up to 2^24: one binade up
+    biased = exponent + 127 + carry.astype(jnp.int32)
+    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | ((normal >> carry) & 0x7FFFFF)
     # below 2^-126: q * 2^(exponent - 24) on the grid of 2^-149 is q >> (-exponent - 125)
-    shift = -exponent - 125
-    tiny = jnp.where(shift > 26, 0, _round_shifted(q, jnp.clip(shift, 1, 26), sticky))
+    # (0 from a shift of 26 up, q being below 2^25)
+    tiny = rne_shift_right(q, -exponent - 125, sticky)
     magnitude = jnp.where(biased > 254, _INF, jnp.where(exponent < -126, tiny, normal_bits))
 
     a_nan, b_nan = a_mag > _INF, b_mag > _INF

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lp_jax.numerics.division import div
+from lp_jax.numerics.division import div, rne_shift_right
 
 E4M3 = jnp.float8_e4m3fn
 E5M2 = jnp.float8_e5m2
@@ -146,15 +146,6 @@ def _f32_from_bits(bits):
     return lax.bitcast_convert_type(bits.astype(jnp.uint32), jnp.float32)
 
 
-def _rne_shift_right(m, shift):
-    """uint32 m >> shift (shift in [1, 31]), rounded to nearest, ties to even."""
-    shift = jnp.clip(shift, 1, 31).astype(jnp.uint32)
-    q = m >> shift
-    rem = m - (q << shift)
-    half = jnp.uint32(1) << (shift - 1)
-    return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).astype(jnp.uint32)
-
-
 def _significand(x):
     """(integer significand, exponent) with x = sig * 2^exp, for finite float32 x >= 0."""
     bits = f32_bits(x)
@@ -168,7 +159,7 @@ def _subnormal_from_scaled_int(p, e):
     """The float32 bits of p * 2^e rounded to the subnormal grid (2^-149), for a value below
     2^-126 (a result of 2^-126 comes out as the smallest normal, as IEEE rounding gives)."""
     shift = jnp.int32(-149) - e
-    q = jnp.where(shift > 31, 0, _rne_shift_right(p.astype(jnp.uint32), shift))
+    q = jnp.where(shift > 31, 0, rne_shift_right(p.astype(jnp.uint32), shift))
     return _f32_from_bits(jnp.where(shift <= 0, p.astype(jnp.uint32), q))
 
 

@@ -18,9 +18,9 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
-from lp_jax.numerics.division import div
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import four_over_six
+from lp_jax.numerics.division import div
 from lp_jax.numerics.manual_axes import tensor_amax as manual_tensor_amax
 from lp_jax.numerics.sharded_reshape import merge_axes, split_axis
 

@@ -69,7 +69,8 @@ def test_division_by_a_constant_is_ieee_division(constant):
     # 1536 and 6 (4/6's) divide by one integer division by a constant; 65 (odd part above
     # 2^6) and 448 (7 * 2^6) by long division; both must be IEEE's quotient
     rng = np.random.default_rng(int(constant) % 2**32)
-    a = np.concatenate([_bits(rng, kind) for kind in ("any", "subnormal", "near_one", "huge")]).view(np.float32)
+    kinds = ("any", "subnormal", "near_one", "huge")
+    a = np.concatenate([_bits(rng, kind) for kind in kinds]).view(np.float32)
     with np.errstate(all="ignore"):
         want = a / np.float32(constant)
     ok = _same_bits(jax.jit(lambda x: ieee_div(x, np.float32(constant)))(a), want)
