@@ -7,11 +7,11 @@ as IEEE does. Compiled for an NVIDIA GPU, XLA divides by ``div.full.f32`` (up to
 and takes reciprocals by ``rcp.approx.f32``, and Mosaic GPU (the Pallas kernels) does the
 same; XLA's only switch for it, an LLVM option in ``XLA_FLAGS``, also reaches XLA's CPU
 compiler, which since JAX 0.12.1 exits on an option it does not know. So where the program
-is lowered for CUDA, ``div`` divides the significands by integer long division instead:
-integer operations are exact on every device, and 25 quotient bits, the remainder's sticky
-bit and ties to even give the IEEE quotient, subnormal operands and results included. A
-constant divisor with a small odd part (4/6's per-element ``/ 1536``) takes one integer
-division by that constant instead of 25 steps.
+is lowered for CUDA, ``div`` divides the significands on integers instead: integer
+operations are exact on every device, and 25 quotient bits (the leading one, then 8 per
+uint32 division), the remainder's sticky bit and ties to even give the IEEE quotient,
+subnormal operands and results included. A constant divisor with a small odd part (4/6's
+per-element ``/ 1536``) takes one integer division by that constant.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ _SIGN = np.uint32(0x80000000)
 _INF = np.uint32(0x7F800000)
 _NAN = np.uint32(0x7FC00000)
 _HIDDEN = np.uint32(0x800000)  # the implicit leading bit of a normal significand
-_QUOTIENT_BITS = 25  # 24 significand bits and the rounding bit below them
+_CHUNK_BITS = 8  # quotient bits per integer division step
 
 _INTEGER_DIVISION = contextvars.ContextVar("lp_jax_integer_division", default=False)
 
@@ -90,14 +90,16 @@ def rne_shift_right(q, shift, sticky=False):
 
 def _long_division(sig_a, exp_a, sig_b, exp_b):
     """(q in [2^24, 2^25), exponent, sticky) with sig_a 2^exp_a / (sig_b 2^exp_b) equal to
-    q 2^(exponent - 24) plus a remainder below one unit of q that is nonzero where sticky."""
+    q 2^(exponent - 24) plus a remainder below one unit of q that is nonzero where sticky.
+    The 24 bits after the leading one come 8 at a time from exact uint32 divisions: a
+    remainder below sig_b < 2^24 shifted by 8 still fits 32 bits."""
     below = (sig_a < sig_b).astype(jnp.uint32)  # so that sig_b <= r < 2 sig_b: a leading 1
-    r = sig_a << below
-    q = jnp.zeros_like(r)
-    for _ in range(_QUOTIENT_BITS):
-        bit = (r >= sig_b).astype(jnp.uint32)
-        q = (q << 1) | bit
-        r = (r - bit * sig_b) << 1
+    r = (sig_a << below) - sig_b
+    q = _HIDDEN << 1
+    for shift in (16, 8, 0):
+        chunk = (r << _CHUNK_BITS) // sig_b
+        r = (r << _CHUNK_BITS) - chunk * sig_b
+        q = q | (chunk << shift)
     return q, exp_a - exp_b - below.astype(jnp.int32), r != 0
 
 
