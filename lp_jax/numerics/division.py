@@ -65,16 +65,12 @@ def _bits(x):
 
 def _normalized(magnitude):
     """(significand with bit 23 set, exponent e) with |x| = sig * 2^(e - 23), for the bits of
-    a finite nonzero |x|; a subnormal's significand is shifted up (binary search, no clz)."""
+    a finite nonzero |x|; a subnormal's significand is shifted up by its leading zeros."""
     biased = (magnitude >> 23).astype(jnp.int32)
     fraction = magnitude & 0x7FFFFF
     sig = jnp.where(biased > 0, fraction | _HIDDEN, fraction)
-    exponent = jnp.maximum(biased, 1) - 127
-    for step in (16, 8, 4, 2, 1):
-        short = sig < (1 << (24 - step))
-        sig = jnp.where(short, sig << step, sig)
-        exponent = jnp.where(short, exponent - step, exponent)
-    return sig, exponent
+    shift = lax.clz(sig) - 8  # 0 for a normal significand; 24 for zero, which is special-cased
+    return sig << shift, jnp.maximum(biased, 1) - 127 - shift.astype(jnp.int32)
 
 
 def rne_shift_right(q, shift, sticky=False):
