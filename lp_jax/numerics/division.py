@@ -10,8 +10,8 @@ compiler, which since JAX 0.12.1 exits on an option it does not know. So where t
 is lowered for CUDA, ``div`` divides the significands on integers instead: integer
 operations are exact on every device, and 25 quotient bits (the leading one, then 8 per
 uint32 division), the remainder's sticky bit and ties to even give the IEEE quotient,
-subnormal operands and results included. A constant divisor with a small odd part (4/6's
-per-element ``/ 1536``) takes one integer division by that constant.
+subnormal operands and results included. A divisor known when tracing (4/6's per-element
+``/ 1536``) stays a constant: XLA folds its half, and divides by it with multiplies.
 """
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def div(a, b):
     a = jnp.asarray(a, jnp.float32)
     if _INTEGER_DIVISION.get():
         return ieee_div(a, b)
-    if _small_odd_part(b) is not None:  # kept a constant: ieee_div divides by it faster
+    if not isinstance(b, jax.core.Tracer) and np.ndim(b) == 0:
+        # kept a constant: XLA folds its half of ieee_div, and divides by a constant faster
         b = np.float32(b)
         return lax.platform_dependent(a, default=lambda a: a / b, cuda=lambda a: ieee_div(a, b))
     a, b = jnp.broadcast_arrays(a, jnp.asarray(b, jnp.float32))
@@ -92,59 +93,23 @@ def _long_division(sig_a, exp_a, sig_b, exp_b):
     below = (sig_a < sig_b).astype(jnp.uint32)  # so that sig_b <= r < 2 sig_b: a leading 1
     r = (sig_a << below) - sig_b
     q = _HIDDEN << 1
-    for shift in (16, 8, 0):
+    for shift in range(24 - _CHUNK_BITS, -1, -_CHUNK_BITS):
         chunk = (r << _CHUNK_BITS) // sig_b
         r = (r << _CHUNK_BITS) - chunk * sig_b
         q = q | (chunk << shift)
     return q, exp_a - exp_b - below.astype(jnp.int32), r != 0
 
 
-def _small_odd_part(b) -> tuple[int, int] | None:
-    """(d, k) with b = d 2^k, d odd and below 2^6, for a positive normal float32 constant b
-    (1536 = 3 2^9, 6 = 3 2^1); None for anything else."""
-    if isinstance(b, jax.core.Tracer) or np.ndim(b) != 0:
-        return None
-    value = np.float32(b)
-    if not (np.isfinite(value) and value >= np.finfo(np.float32).tiny):
-        return None
-    mantissa, exponent = np.frexp(value)  # value = mantissa 2^exponent, mantissa in [0.5, 1)
-    d, k = int(mantissa * 2**24), int(exponent) - 24
-    while d % 2 == 0:
-        d, k = d // 2, k + 1
-    return (d, k) if d < 2**6 else None
-
-
-def _division_by_constant(sig_a, exp_a, d, k):
-    """``_long_division`` by the constant d 2^k (d odd, below 2^6): one integer division by a
-    constant, which compilers turn into a multiply-high and a shift, for 25 quotient bits."""
-    n = sig_a << 7  # in [2^30, 2^31)
-    whole = n // np.uint32(d)
-    # whole's top bit is 30 - L or 31 - L (L = d's bit length): 25 bits are kept
-    length = d.bit_length()
-    shift = jnp.where(whole >= np.uint32(2 ** (31 - length)), 7 - length, 6 - length).astype(jnp.uint32)
-    q = whole >> shift
-    sticky = ((n - whole * np.uint32(d)) != 0) | ((whole & ((jnp.uint32(1) << shift) - 1)) != 0)
-    # a / b = (n / d) 2^(exp_a - 30 - k), n / d = q 2^shift plus what sticky marks
-    return q, exp_a - 6 - k + shift.astype(jnp.int32), sticky
-
-
 def ieee_div(a, b):
     """a / b for float32 a, b, rounded to nearest even as IEEE 754 divides, from integer
     operations only: the same bits on CPU, GPU and in Mosaic GPU kernels (no subnormal is
-    flushed). Zeros, infinities and NaN give IEEE's results (NaN as the canonical quiet NaN).
-    A constant divisor whose significand has a small odd part (1536, 6) takes one integer
-    division by a constant instead of 25 long-division steps."""
-    constant = _small_odd_part(b)
+    flushed). Zeros, infinities and NaN give IEEE's results (NaN as the canonical quiet NaN)."""
+    # not broadcast: a constant b stays a scalar constant, whose half XLA folds
     a_bits, b_bits = _bits(jnp.asarray(a, jnp.float32)), _bits(jnp.asarray(b, jnp.float32))
-    a_bits, b_bits = jnp.broadcast_arrays(a_bits, b_bits)
     sign = (a_bits ^ b_bits) & _SIGN
     a_mag, b_mag = a_bits & ~_SIGN, b_bits & ~_SIGN
 
-    sig_a, exp_a = _normalized(a_mag)
-    if constant is None:
-        q, exponent, sticky = _long_division(sig_a, exp_a, *_normalized(b_mag))
-    else:
-        q, exponent, sticky = _division_by_constant(sig_a, exp_a, *constant)
+    q, exponent, sticky = _long_division(*_normalized(a_mag), *_normalized(b_mag))
     # |a / b| = q * 2^(exponent - 24), q in [2^24, 2^25)
     normal = rne_shift_right(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
     carry = normal >> 24  # rounded up to 2^24: one binade up

@@ -66,8 +66,8 @@ def test_ties_round_to_even_and_sticky_bits_round_up():
 
 @pytest.mark.parametrize("constant", [1536.0, 6.0, 3.0, 1.0, 2.0**-100, 5.0 * 2**40, 63.0, 65.0, 448.0])
 def test_division_by_a_constant_is_ieee_division(constant):
-    # 1536 and 6 (4/6's) divide by one integer division by a constant; 65 (odd part above
-    # 2^6) and 448 (7 * 2^6) by long division; both must be IEEE's quotient
+    # a divisor known when tracing stays a constant (4/6's 1536 and 6 among them), whose
+    # integer divisions compilers rewrite as multiplies: still IEEE's quotient
     rng = np.random.default_rng(int(constant) % 2**32)
     kinds = ("any", "subnormal", "near_one", "huge")
     a = np.concatenate([_bits(rng, kind) for kind in kinds]).view(np.float32)
