@@ -3,14 +3,14 @@
 Quantizers: quantize, dequantize, hadamard, QuantizedTensor.
 Training GEMMs: get_recipe (and the recipe classes), dot_general, apply_recipe.
 
-The names load on first use (``lp_jax.exports``), so importing a submodule does not start
+The names load on first use (``lp_jax.lazy_exports``), so importing a submodule does not start
 JAX; docs/architecture.md draws the stack below them.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lp_jax.exports import lazy_exports
+from lp_jax.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.gemm.dot_general": ("KeepKernelDtype", "LowPrecisionDotGeneral", "dot_general"),

@@ -53,6 +53,10 @@ class Llama3RopeScaling:
     original_max_position_embeddings: int = 8192
 
     def __post_init__(self):
+        for field in dataclasses.fields(self):  # from a config file: one line, not a TypeError
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"rope_scaling {field.name} must be a number, got {value!r}")
         if not self.high_freq_factor > self.low_freq_factor > 0:
             raise ValueError(
                 f"rope_scaling needs high_freq_factor > low_freq_factor > 0, got "

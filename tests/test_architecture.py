@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Bottom to top. A module may import from its own layer and the layers below it, never
 # from a layer above. Within a layer, the packages named are peers.
 STACK = (
-    ("errors", ("lp_jax.errors", "lp_jax.exports")),
+    ("errors", ("lp_jax.errors", "lp_jax.lazy_exports")),
     ("numerics", ("lp_jax.numerics",)),
     ("recipes", ("lp_jax.recipes",)),
     ("model layer scope", ("models.layer_scope",)),
@@ -35,7 +35,7 @@ STACK = (
     ("commands", ("lp_jax.inspect", "lp_jax.study", "lp_jax.export", "lp_jax.plan")),
 )
 # Layers that import nothing of the project at all.
-LEAVES = ("lp_jax.errors", "lp_jax.exports", "lp_jax.numerics", "lp_jax.recipes", "models.layer_scope")
+LEAVES = ("lp_jax.errors", "lp_jax.lazy_exports", "lp_jax.numerics", "lp_jax.recipes", "models.layer_scope")
 
 
 def _modules() -> dict[str, pathlib.Path]:

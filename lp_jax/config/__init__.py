@@ -1,2 +1,3 @@
-"""A run's configuration: the dataclass tree (``schema``) and its YAML files and dotted
-overrides (``yaml_io``). ``lp_jax.training.validate`` turns it into a training plan."""
+"""A run's configuration: the dataclass tree (``schema``), its YAML files and dotted
+overrides (``yaml_io``), and ``precision.options`` typed by the recipe's fields
+(``recipe_options``). ``lp_jax.training.validate`` checks it into a ``ValidatedRun``."""

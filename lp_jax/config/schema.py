@@ -9,9 +9,49 @@ same reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Iterator, Optional
 
-_NOT_RECIPE = ("recipe", "cache_weights")  # PrecisionConfig fields get_recipe does not take
+# PrecisionConfig fields that are not get_recipe keywords of their own.
+_NOT_RECIPE = ("recipe", "cache_weights", "options")
+
+
+class FrozenMapping(Mapping):
+    """A mapping section of the tree whose keys are not fixed by the schema (the fields of
+    whichever recipe runs; HF's rope_scaling). Read-only and hashable like the dataclasses
+    around it, so a config stays a valid static argument and compares by value; YAML lists
+    inside it become tuples and mappings FrozenMappings for the same reason."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping | None = None):
+        self._items = {str(k): _frozen(v) for k, v in (items or {}).items()}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._items!r})"
+
+    def replace(self, **items) -> "FrozenMapping":
+        return FrozenMapping({**self._items, **items})
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return FrozenMapping(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +100,20 @@ class PrecisionConfig:
     # micro-batch: the same bits, fewer kernels and bytes per micro-batch, the copies held
     # through the step (docs/models.md). false: made in every micro-batch.
     cache_weights: bool = True
+    # Any field of the recipe by its own name, the ones the keys above do not name too
+    # (fp8_cs fp8_format HYBRID | E4M3, mxfp8 scale_rule rceil | floor), passed to
+    # get_recipe as keywords: `options: {scale_rule: floor}`, `precision.options.scale_rule=floor`.
+    # A field the recipe does not have is refused; one also set by a key above must agree.
+    options: FrozenMapping = FrozenMapping()
 
-    def overrides(self) -> dict:
-        """The keyword overrides for get_recipe: only the fields that were set."""
+    def field_overrides(self) -> dict:
+        """The get_recipe keywords of this section's own keys: only the ones that were set."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name not in _NOT_RECIPE and getattr(self, f.name) is not None}
+
+    def overrides(self) -> dict:
+        """Every get_recipe keyword the section sets: its keys, then ``options``."""
+        return {**self.field_overrides(), **self.options}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +141,11 @@ class ModelConfig:
     num_kv_heads: Optional[int] = None
     head_dim: Optional[int] = None
     rope_theta: Optional[float] = None
+    # Llama 3.1's RoPE frequency scaling in Hugging Face's form: {factor: 32.0,
+    # low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}
+    # (keys left out take those values); {rope_type: default} turns it off. None keeps the
+    # preset's (llama3_1b: factor 32; the others: none).
+    rope_scaling: Optional[FrozenMapping] = None
     rms_norm_eps: Optional[float] = None
     tie_embeddings: Optional[bool] = None
     max_seq_len: Optional[int] = None

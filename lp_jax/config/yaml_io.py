@@ -12,11 +12,12 @@ import functools
 import pathlib
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 import yaml
 
-from lp_jax.config.schema import PrecisionConfig, TrainConfig
+from lp_jax.config.schema import FrozenMapping, PrecisionConfig, TrainConfig
 from lp_jax.errors import UserError
 
 
@@ -84,7 +85,9 @@ def set_dotted(node: Any, dotted: str, value: Any, prefix: str = "") -> Any:
         raise UserError(_unknown_key(prefix, head, list(hints)))
     name = f"{prefix}{head}"
     current = getattr(node, head)
-    if rest:
+    if rest and (isinstance(current, Mapping) or (current is None and _is_mapping(hints[head]))):
+        new = _set_in_mapping(current or FrozenMapping(), rest, value, prefix=f"{name}.")
+    elif rest:
         if not dataclasses.is_dataclass(current):
             raise UserError(f"config key {name!r} has no sub-keys (it holds "
                             f"{_type_name(hints[head])}), so {prefix + dotted!r} is not a key")
@@ -97,10 +100,32 @@ def set_dotted(node: Any, dotted: str, value: Any, prefix: str = "") -> Any:
     return dataclasses.replace(node, **{head: new})
 
 
+def _set_in_mapping(mapping: FrozenMapping, dotted: str, value: Any, prefix: str) -> FrozenMapping:
+    """``precision.options.scale_rule=floor``: the keys below a mapping section are whatever
+    it holds, so any name is set (the recipe checks them when the run is validated)."""
+    head, _, rest = dotted.partition(".")
+    if not head:
+        raise UserError(f"config key {prefix + dotted!r} has an empty part")
+    if rest:
+        current = mapping.get(head)
+        if current is not None and not isinstance(current, Mapping):
+            raise UserError(f"config key {prefix + head!r} holds {current!r}, so "
+                            f"{prefix + dotted!r} is not a key")
+        value = _set_in_mapping(current or FrozenMapping(), rest, value, f"{prefix}{head}.")
+    return mapping.replace(**{head: value})
+
+
+def _is_mapping(hint: Any) -> bool:
+    """A FrozenMapping section, null allowed or not."""
+    return FrozenMapping in (hint, *typing.get_args(hint))
+
+
 def to_dict(config: Any) -> Any:
     """The plain-data form of a config (for config.yaml in the run folder and checkpoints)."""
     if dataclasses.is_dataclass(config):
         return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, Mapping):
+        return {k: to_dict(v) for k, v in config.items()}
     if isinstance(config, tuple):
         return [to_dict(v) for v in config]
     return config
@@ -172,6 +197,17 @@ def coerce(hint: Any, value: Any, name: str) -> Any:
             raise UserError(f"config key {name!r} must be a mapping of "
                             f"{', '.join(_hints(hint))}; got {value!r}")
         return from_dict(hint, value, prefix=f"{name}.")
+    if hint is FrozenMapping:
+        if value is None:  # `options:` with nothing under it
+            return FrozenMapping()
+        if not isinstance(value, Mapping):
+            raise UserError(f"config key {name!r} must be a mapping, got {value!r}")
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise UserError(f"config key {name!r} has a key {bad[0]!r} that is not a name")
+        return FrozenMapping(value)
+    if origin is typing.Literal:  # a recipe field's choices: the recipe names them when it checks
+        return _scalar(type(args[0]), value, name)
     return _scalar(hint, value, name)
 
 
@@ -224,8 +260,10 @@ def _type_name(hint: Any) -> str:
         return f"{_type_name(inner[0])} or null"
     if origin is tuple:
         return f"a list of {_type_name(args[0]).removeprefix('a ').removeprefix('an ')}s"
-    if dataclasses.is_dataclass(hint):
+    if dataclasses.is_dataclass(hint) or hint is FrozenMapping:
         return "a mapping"
+    if origin is typing.Literal:
+        return _type_name(type(args[0]))
     return {int: "an integer", float: "a number", bool: "true or false",
             str: "a string"}.get(hint, str(hint))
 

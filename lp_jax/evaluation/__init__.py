@@ -10,7 +10,7 @@ docs/evaluation.md describes the tasks, prompt formats and metrics.
 
 from typing import TYPE_CHECKING
 
-from lp_jax.exports import lazy_exports
+from lp_jax.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.evaluation.documents": ("Doc",),

@@ -28,7 +28,7 @@ from lp_jax.plan.gpus import GPU
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import StepSpec, jitted_train_step
-from lp_jax.training.validate import Plan
+from lp_jax.training.validate import ValidatedRun
 from models import llama
 
 BATCH_KEYS = (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
@@ -81,7 +81,7 @@ def compile_lowered(lowered):
         ) from None
 
 
-def compile_step(plan: Plan, gpu: GPU, count: int) -> CompiledStep:
+def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     """The plan's first phase's train step compiled for ``count`` GPUs of kind ``gpu``."""
     cfg = plan.config
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, devices=topology_devices(gpu, count))

@@ -10,13 +10,13 @@ from lp_jax.plan.gpus import GPU
 from lp_jax.plan.hlo_module import DTYPE_BYTES, Module, arrays
 from lp_jax.plan.kernels import kernels
 from lp_jax.plan.roofline import estimate
-from lp_jax.training.validate import Plan
+from lp_jax.training.validate import ValidatedRun
 from models.config import flops_per_token
 
 LARGEST_BUFFERS = 5
 
 
-def row(plan: Plan, gpu: GPU, count: int, step: CompiledStep) -> dict:
+def row(plan: ValidatedRun, gpu: GPU, count: int, step: CompiledStep) -> dict:
     """The JSON row of one compiled recipe (docs/plan.md lists the keys)."""
     memory = step.compiled.memory_analysis()
     per_gpu = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
@@ -62,7 +62,7 @@ def largest_buffers(module: Module, n: int = LARGEST_BUFFERS) -> list[dict]:
             for size, name, shape in sorted(found, reverse=True)[:n]]
 
 
-def what_would_help(plan: Plan) -> list[str]:
+def what_would_help(plan: ValidatedRun) -> list[str]:
     cfg, model = plan.config, plan.model_config
     helps = []
     if model.attention_impl == "xla" and cfg.data.seq_len >= 2048:

@@ -9,7 +9,7 @@ docs/study.md describes the report and how each number is measured.
 """
 from typing import TYPE_CHECKING
 
-from lp_jax.exports import lazy_exports
+from lp_jax.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.study.study": ("DEFAULT_PRECISIONS", "StudyOptions", "run_study"),

@@ -37,7 +37,7 @@ from lp_jax.training.state import abstract_state, init_state, place_batch, split
 from lp_jax.training.state_memory import check_state_fits, out_of_memory
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.stop_signal import StopSignal
-from lp_jax.training.validate import Phase, Plan, checkpoint_dir, model_shape_changes
+from lp_jax.training.validate import Phase, ValidatedRun, checkpoint_dir, model_shape_changes
 from models import llama
 
 
@@ -80,7 +80,7 @@ class _Console:
 class _Run:
     """What a run holds from one step to the next (``build`` makes it)."""
 
-    plan: Plan
+    plan: ValidatedRun
     say: _Console
     mesh: jax.sharding.Mesh
     spec: StepSpec
@@ -116,7 +116,7 @@ class _Run:
                 self.lock.release()
 
 
-def build(plan: Plan) -> _Run:
+def build(plan: ValidatedRun) -> _Run:
     """Everything before step 1: data (checked first, so a bad file leaves no run folder
     behind), the run folder, the checkpointer, the state (restored or fresh), the step."""
     cfg = plan.config
@@ -207,7 +207,7 @@ def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
     return lock
 
 
-def _resume(plan: Plan, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
+def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is
     none yet; a folder whose checkpoints all fail, or that holds another model, is a
     UserError (one line naming it), never a fresh start over the user's checkpoints."""
@@ -288,7 +288,7 @@ def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
     return split_model(model)[0]
 
 
-def run(plan: Plan) -> RunResult:
+def run(plan: ValidatedRun) -> RunResult:
     """Builds the run and trains it to its end; a first SIGINT/SIGTERM stops it after the
     step in flight (saved), a second interrupts it at once (``Interrupted``)."""
     with StopSignal() as stop:

@@ -54,7 +54,7 @@ class StepSpec:
 
     @classmethod
     def from_plan(cls, plan, mesh: Mesh) -> "StepSpec":
-        """The spec of a validated run (lp_jax.training.validate.Plan) on ``mesh``."""
+        """The spec of a validated run (lp_jax.training.validate.ValidatedRun) on ``mesh``."""
         cfg = plan.config
         return cls(OptimizerSpec.from_config(cfg), plan.accum_steps, mesh,
                    shard_optimizer=cfg.mesh.shard_optimizer,

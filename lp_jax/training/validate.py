@@ -1,5 +1,5 @@
 """Checks a TrainConfig against the model, the recipes, the devices and the data, and
-resolves it into a Plan, before anything is compiled.
+resolves it into a ValidatedRun, before anything is compiled.
 
 Every problem is a UserError with one line naming the key, the bad value and what is
 allowed; train.py prints it and exits with status 2.
@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any
 
 import jax
 
 import lp_jax
+from lp_jax.config.recipe_options import split_overrides
 from lp_jax.config.schema import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.data import shards
@@ -46,8 +48,9 @@ class Phase:
 
 
 @dataclasses.dataclass
-class Plan:
-    """A validated run: the config plus what was derived from it."""
+class ValidatedRun:
+    """A run's config once checked, with what was derived from it: the model, the recipe
+    of each phase, the mesh and the gradient accumulation."""
 
     config: TrainConfig
     model_config: LlamaConfig
@@ -67,7 +70,17 @@ class Plan:
         return current
 
 
-def resolve(config: TrainConfig, device_count: int | None = None, check_files: bool = True) -> Plan:
+def __getattr__(name: str) -> Any:
+    # The class's former name: `python -m lp_jax.plan` is the tool, this is not a plan.
+    if name == "Plan":
+        warnings.warn("lp_jax.training.validate.Plan is deprecated; use ValidatedRun",
+                      DeprecationWarning, stacklevel=2)
+        return ValidatedRun
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def resolve(config: TrainConfig, device_count: int | None = None,
+            check_files: bool = True) -> ValidatedRun:
     """The run ``config`` describes, checked: UserError (one line) for anything that cannot
     run. ``device_count`` (default: this process's devices) sizes the mesh; without
     ``check_files`` the data files and run folders are not looked at (a plan that compiles
@@ -97,11 +110,11 @@ def resolve(config: TrainConfig, device_count: int | None = None, check_files: b
     if check_files:
         _check_data(config)
         _check_run_folders(config)
-    return Plan(config, model_config, tokenizer, phases, data_parallel, fsdp,
-                config.data.global_batch_size // per_pass, tensor)
+    return ValidatedRun(config, model_config, tokenizer, phases, data_parallel, fsdp,
+                        config.data.global_batch_size // per_pass, tensor)
 
 
-def model_shape_changes(saved: dict, plan: Plan) -> list[str]:
+def model_shape_changes(saved: dict, plan: ValidatedRun) -> list[str]:
     """``model.<field> (checkpoint A, now B)`` for each field of SHAPE_FIELDS in which the
     model of a saved config (a checkpoint's) differs from the plan's, both resolved the
     same way, so that a preset's value and the same value written out compare equal.
@@ -206,23 +219,30 @@ def _phases(c: TrainConfig, num_layers: int) -> list[Phase]:
 
 
 def _recipe(p: PrecisionConfig, key: str, num_layers: int):
-    overrides = p.overrides()
+    overrides, options = split_overrides(p, key)
     overrides.pop("from_step", None)
-    for name in ("first_bf16_layers", "last_bf16_layers"):
-        value = overrides.get(name)
-        _fail_unless(value is None or 0 <= value <= num_layers, f"{key}.{name}", value,
-                     f"must be between 0 and the model's {num_layers} layers")
-    for layer in overrides.get("bf16_layers", ()):
-        _fail_unless(0 <= layer < num_layers, f"{key}.bf16_layers", layer,
-                     f"layers are 0..{num_layers - 1}")
+    for where, given in ((key, overrides), (f"{key}.options", options)):
+        for name in ("first_bf16_layers", "last_bf16_layers"):
+            value = given.get(name)
+            _fail_unless(value is None or 0 <= value <= num_layers, f"{where}.{name}", value,
+                         f"must be between 0 and the model's {num_layers} layers")
+        for layer in given.get("bf16_layers", ()):
+            _fail_unless(0 <= layer < num_layers, f"{where}.bf16_layers", layer,
+                         f"layers are 0..{num_layers - 1}")
+    # The options go on top of the recipe the section's own keys make, so that get_recipe's
+    # refusal of a field the recipe lacks is reported against the key that named it.
+    where = key
     try:
         recipe = lp_jax.get_recipe(p.recipe, **overrides)
+        where = f"{key}.options"
+        recipe = lp_jax.get_recipe(recipe, **options)
+        where = key
         # A forced GEMM backend must run on this process's devices (the compiled step would
         # fail there anyway; this says so before anything is built).
         if backends.resolved(recipe) != "auto":
             backends.check_platforms(backends.resolved(recipe), (backends.current_platform(),))
     except (ValueError, TypeError) as e:
-        raise UserError(f"{key}: {one_line(e)}") from None
+        raise UserError(f"{where}: {one_line(e)}") from None
     # The recipe's own FiLj defaults (NVFP4 keeps the last 4 layers in BF16) must fit too.
     first, last = recipe.first_bf16_layers, recipe.last_bf16_layers
     if recipe.quantized and first + last > num_layers:

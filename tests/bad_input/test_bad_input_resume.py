@@ -9,7 +9,7 @@ import pytest
 from lp_jax.config.yaml_io import load_config
 from lp_jax.data.tokenizers import ByteTokenizer
 from lp_jax.training.metrics import read_metrics
-from lp_jax.training.validate import Plan, model_shape_changes, resolve
+from lp_jax.training.validate import ValidatedRun, model_shape_changes, resolve
 from tests.support.bad_input import array_files, only_line, run, stopped_run, tiny, train, truncate  # noqa: F401 (fixtures)
 
 
@@ -104,7 +104,7 @@ def test_resume_with_another_model_shape_names_the_keys(run, token_cache, capsys
     assert (run / "config.yaml").read_text() == config  # eval.py still builds the 128 model
 
 
-def _plan(run_dir, *overrides) -> Plan:
+def _plan(run_dir, *overrides) -> ValidatedRun:
     return resolve(load_config(None, ["data.source=mock", f"run_dir={run_dir}", *overrides]))
 
 
