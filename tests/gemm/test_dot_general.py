@@ -92,6 +92,7 @@ def test_fprop_dgrad_wgrad_equal_dequantized_reference(name):
     assert _rel(dw, dw_ref) <= 1e-6
 
 
+@pytest.mark.slow
 def test_fp8_block_over_several_blocks_and_tiles_equals_dequantized_reference():
     """1x128 blocks along K, N and M and 128x128 weight tiles, each ragged at its edge; the
     wgrad copies blocked along the tokens from the tensor itself, not from the fprop copy."""

@@ -126,6 +126,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_reduction_is_its_definition_bit_for_bit():
     cases = json.loads(run_python(["-c", EXACT]).stdout.strip().splitlines()[-1])
     assert len(cases) == 6 and all(c["exact"] for c in cases), cases
@@ -193,6 +194,7 @@ def check_runs(runs):
                 assert ratio <= 0.6, (where, ratio)
 
 
+@pytest.mark.slow
 def test_bf16_training_step_matches_one_device_and_halves_tensor_bytes():
     check_runs(_runs(["bf16"]))
 

@@ -4,6 +4,7 @@ mesh the trainer builds (with the XLA attention as the function run per device).
 kernel itself is compiled for GPUs in tests/plan/test_plan_memory.py."""
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from models.cudnn_attention import segment_layout
 from models.llama import causal_document_mask
@@ -49,5 +50,6 @@ def test_documents_past_the_slots_share_the_last():
     assert mask[0, 7, 3] and not want[0, 7, 3]  # the last ones see each other
 
 
+@pytest.mark.slow
 def test_per_device_call_matches_unsharded_on_trainer_meshes():
     run_python(["tests/support/per_device_attention_runs.py"], devices=8)

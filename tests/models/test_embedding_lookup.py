@@ -7,11 +7,13 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from models.embedding_lookup import embedding_lookup
 from tests.support.forced_devices import run_python
 
 
+@pytest.mark.slow
 def test_vocab_parallel_lookup_and_sharded_step():
     proc = run_python(["tests/support/embedding_lookup_runs.py"])
     out = {r["check"]: r for r in map(json.loads, filter(lambda l: l.startswith("{"), proc.stdout.splitlines()))}

@@ -117,6 +117,7 @@ def test_tied_embeddings_use_the_table_as_head():
     np.testing.assert_allclose(np.asarray(m(tokens)), np.asarray(x @ m.embed.embedding[...].T), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scan_and_remat_equal_unrolled_forward_and_grad(model):
     tokens = _tokens((2, 10), seed=3)
     segment_ids = jnp.array([[0] * 4 + [1] * 6, [0] * 10])

@@ -27,6 +27,7 @@ def test_same_loss_and_gradients_bit_for_bit():
     assert proc.stdout.split("\n")[:-1] == [f"{c.replace(':', ' ')} True" for c in cases]
 
 
+@pytest.mark.slow
 def test_the_trainers_steps_run_it(monkeypatch):
     """The trainer merges the model inside its scans (train and validation steps): the remat
     must not write back into Variables of another trace. Its losses equal the kept-input

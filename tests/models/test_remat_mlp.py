@@ -55,6 +55,7 @@ def test_the_layer_keeps_exactly_the_mlp_blocks_activations_less(recipe):
     assert dict(kept - rebuilt) == MLP_BLOCK_RESIDUALS[recipe]
 
 
+@pytest.mark.slow
 def test_the_trainers_steps_run_it(monkeypatch):
     """The trainer merges the model inside its scans (train and validation steps): the
     rebuild must not write back into Variables of another trace. Its losses equal remat

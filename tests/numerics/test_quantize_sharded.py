@@ -64,6 +64,7 @@ def sharded_report():
     return {kind: [line for line in lines if line.startswith(f"{kind} mesh")] for kind in ("Auto", "Explicit")}
 
 
+@pytest.mark.slow
 def test_sharded_quantize_equals_unsharded_auto_mesh(sharded_report):
     failures = sharded_report["Auto"]
     assert not failures, "\n".join(failures)

@@ -17,6 +17,8 @@ must hold:
 """
 import json
 
+import pytest
+
 from tests.support.forced_devices import run_python
 
 SCRIPT = r'''
@@ -63,6 +65,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_one_data_axis_gradient_reduction_per_step_outside_the_loop():
     proc = run_python(["-c", SCRIPT], timeout=900)
     for run in json.loads(proc.stdout.strip().splitlines()[-1]):

@@ -116,6 +116,7 @@ def _grads(model, tokens, key=0):
     return _grad_step(model, tokens, jnp.uint32(key))
 
 
+@pytest.mark.slow
 def test_stacked_layers_get_the_policy_per_slice():
     """nnx.vmap-stacked blocks run under nnx.scan equal the unrolled model, per slice."""
     tokens = jnp.arange(32).reshape(2, 16) % 64
@@ -139,6 +140,7 @@ def test_stacked_layers_get_the_policy_per_slice():
                                g_u["layers"][3]["q_proj"]["kernel"][...], rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_bits_differ_per_layer_and_repeat_per_key():
     model = Toy(num_layers=2)
     lp.apply_recipe(model, lp.get_recipe("nvfp4", policy="F0L0"))

@@ -43,6 +43,7 @@ def _close(got, want, what):
                                   np.delete(want, STATS.index("sqnr_db")), err_msg=what)
 
 
+@pytest.mark.slow
 def test_taps_report_the_stats_of_the_real_operands():
     model = Toy(num_layers=1)
     recipe = lp.get_recipe("mxfp8")
@@ -63,6 +64,7 @@ def test_taps_report_the_stats_of_the_real_operands():
     assert np.all(np.isfinite(stats["up_proj"][:, :, STATS.index("sqnr_db")]))
 
 
+@pytest.mark.slow
 def test_scanned_stack_reports_what_the_unrolled_layers_do():
     stacked = StackedToy(num_layers=2)
     unrolled = unrolled_like(stacked)

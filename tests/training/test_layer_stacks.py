@@ -42,6 +42,7 @@ class _NoStacks(LayerStacks):
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
 def test_stacked_once_equals_stacked_per_call(recipe, monkeypatch):
     """NVFP4 with its last layer in BF16 scans a run of 3 and calls one layer alone, and

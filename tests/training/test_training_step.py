@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from lp_jax.training.state import place_batch
 from lp_jax.training.step import eval_step, train_step
@@ -66,6 +67,7 @@ def test_masked_targets_do_not_count():
     assert float(c1) == float(c2) == 2 * 4 and float(n1) == float(n2)
 
 
+@pytest.mark.slow
 def test_stochastic_rounding_bits_follow_step_and_microbatch():
     host = batch(4)
     graphdef, spec, state = setup(noisy=True)

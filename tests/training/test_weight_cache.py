@@ -24,6 +24,7 @@ def _step(graphdef, spec, state, host):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
 def test_copies_made_once_per_step_give_the_same_step(recipe, monkeypatch):
     """Two micro-batches, a run of 3 scanned layers and one alone (NVFP4: stochastic
