@@ -2,8 +2,8 @@
 
 "xla" is ``lp_jax.numerics.quantize`` (the definition); "pallas" is ``lp_jax.kernels``
 (Pallas Mosaic GPU, the same bits in fewer passes; interpreted on CPU); "auto" is "pallas"
-for the formats of ``PALLAS_ON_GPU`` in a program traced for a Blackwell GPU and "xla"
-anywhere else (docs/backends.md).
+for the formats of ``PALLAS_ON_GPU`` (those whose format object says ``auto_pallas``) in a
+program traced for a Blackwell GPU and "xla" anywhere else (docs/backends.md).
 """
 from __future__ import annotations
 
@@ -12,16 +12,18 @@ import jax.numpy as jnp
 from lp_jax.kernels.api import quantize_pallas
 from lp_jax.kernels.launch import compiled_for_major
 from lp_jax.numerics.quantize import QuantizedTensor, as_quantizer_input, check_quantize_args, quantize_xla
+from lp_jax.numerics.registry import REGISTRY, format_named, names_where
 from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
 
-# Formats whose kernels "auto" runs in a program traced for a Blackwell GPU: in Llama 3 8B's
-# layer compiled for a GB200, their layer moved fewer HBM bytes in fewer kernels with the
-# Pallas kernels than with XLA's fusions (MXFP8 23.9 GB in 217 kernels against 30.8 GB in
-# 258, NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md, "One layer's cost"): the plan's
-# count of a deviceless compile, not a timing on a GPU. FP8-CS moved fewer bytes in more
-# kernels (247 against 195: its amax is a pass of its own), so XLA keeps it. Hopper, where
-# these formats' GEMMs are XLA's FP32 expansion, was not measured: XLA's quantizers there.
-PALLAS_ON_GPU: tuple[str, ...] = ("mxfp8", "nvfp4")
+# Formats whose kernels "auto" runs in a program traced for a Blackwell GPU (``auto_pallas``
+# on the format object): in Llama 3 8B's layer compiled for a GB200, their layer moved fewer
+# HBM bytes in fewer kernels with the Pallas kernels than with XLA's fusions (MXFP8 23.9 GB
+# in 217 kernels against 30.8 GB in 258, NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md,
+# "One layer's cost"): the plan's count of a deviceless compile, not a timing on a GPU.
+# FP8-CS moved fewer bytes in more kernels (247 against 195: its amax is a pass of its own),
+# so XLA keeps it. Hopper, where these formats' GEMMs are XLA's FP32 expansion, was not
+# measured: XLA's quantizers there.
+PALLAS_ON_GPU: tuple[str, ...] = names_where(lambda f: f.auto_pallas)
 PALLAS_MIN_MAJOR = 10
 
 
@@ -32,7 +34,9 @@ def resolve_impl(impl: str, fmt: str | None = None, *, tensor_amax=None, block_s
     check_choice("impl", impl, QUANTIZE_IMPLS)
     if impl != "auto":
         return impl
-    if fmt not in PALLAS_ON_GPU or tensor_amax is not None or block_scale_search:
+    spec = REGISTRY.get(fmt) if isinstance(fmt, str) else None
+    if (spec is None or not spec.auto_pallas or tensor_amax is not None
+            or not spec.pallas_for(block_scale_search)):
         return "xla"
     major = compiled_for_major()
     return "pallas" if major is not None and major >= PALLAS_MIN_MAJOR else "xla"
@@ -60,10 +64,12 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
                             scale_rule=scale_rule, tensor_amax=tensor_amax,
                             block_scale_search=block_scale_search, metric=metric)
     check_quantize_args(x, fmt, axis, block_2d, rounding, key, scale_rule, block_scale_search, metric)
-    if fmt == "fp8_block":
-        raise ValueError("fmt='fp8_block' has no Pallas quantization kernel; use impl='xla'")
-    if block_scale_search:
-        raise ValueError("block_scale_search='4over6' has no Pallas quantization kernel; use impl='xla'")
+    spec = format_named(fmt)
+    if not spec.pallas:
+        raise ValueError(f"fmt={fmt!r} has no Pallas quantization kernel; use impl='xla'")
+    if not spec.pallas_for(block_scale_search):
+        raise ValueError(f"block_scale_search={block_scale_search!r} has no Pallas quantization kernel; "
+                         "use impl='xla'")
     if tensor_amax is not None:  # the kernels take their amax over what they are given
         raise ValueError("quantize(impl='pallas') takes no tensor_amax: quantize shards with impl='xla'")
     x = jnp.asarray(x)

@@ -33,14 +33,15 @@ from lp_jax.gemm.operands import (
 )
 from lp_jax.gemm.tensor_reduce import TENSOR
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import MX_BLOCK, QuantizedTensor
+from lp_jax.numerics.quantize import FP8_BLOCK, MX_BLOCK, QuantizedTensor
+from lp_jax.numerics.registry import REGISTRY, format_named
 from lp_jax.quantizer import quantize
 
 ROW_TILE = 128  # rows per tile of cuDNN's block-scale layout (128 x 4 scales)
 SCALE_COLUMN_TILE = 4  # scale columns (blocks along K) per tile
 # Block formats by element type (E4M3 -> MXFP8's 32, E2M1 -> NVFP4's 16): the formats
-# cuDNN's block-scaled GEMM takes (E8M0 or E4M3 scales).
-BLOCK_OF = {jnp.dtype(F.FORMAT_SPECS[f].element): F.FORMAT_SPECS[f].block for f in ("mxfp8", "nvfp4")}
+# cuDNN's block-scaled GEMM takes as they are (E8M0 or E4M3 scales).
+BLOCK_OF = {jnp.dtype(f.element): f.block for f in REGISTRY.values() if f.scale in (F.E8M0, F.E4M3)}
 
 
 def _round_up(n, multiple):
@@ -52,7 +53,7 @@ def _tile_scales(q: QuantizedTensor, axis: int):
     each row of the contraction-last layout gets the scale of the tile it lies in."""
     scales = q.scale if axis == 1 else q.scale.T
     rows = q.data.shape[1 - axis]
-    return jnp.repeat(scales, F.BLOCK_SIZES[q.fmt], axis=0)[:rows]
+    return jnp.repeat(scales, format_named(q.fmt).block, axis=0)[:rows]
 
 
 def as_mx_scales(scales, k):
@@ -60,7 +61,7 @@ def as_mx_scales(scales, k):
     blocks [rows, K / 32]: the exponent field is the E8M0 code, 2^-127 (subnormal, field
     0) included."""
     codes = (F.f32_bits(scales) >> 23) & 0xFF
-    per = F.BLOCK_SIZES["fp8_block"] // MX_BLOCK
+    per = FP8_BLOCK // MX_BLOCK
     return F.e8m0_from_code(jnp.repeat(codes, per, axis=1)[:, :-(-k // MX_BLOCK)])
 
 
@@ -82,7 +83,7 @@ def block_operand(p, axis: int):
             return q.data, q.scale, q.global_scale
     if isinstance(p, Transposed) and axis == 0:
         return p.q.data, p.q.scale, p.q.global_scale
-    if isinstance(p, QuantizedTensor) and F.FORMAT_SPECS[p.fmt].block:
+    if isinstance(p, QuantizedTensor) and format_named(p.fmt).block:
         if p.block_2d:
             return jnp.moveaxis(p.data, axis, -1), _tile_scales(p, axis), p.global_scale
         if p.axis == axis:

@@ -21,7 +21,7 @@ from jax import lax
 
 from lp_jax import context
 from lp_jax.gemm import backends, param_gather, tensor_reduce
-from lp_jax.gemm.operands import PER_TENSOR, operand, operand_pair, shares_bytes, stored
+from lp_jax.gemm.operands import operand, operand_pair, per_tensor, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.gemm.prepared_kernel import PreparedKernel, weight_operands
 from lp_jax.recipes import Recipe, get_recipe
@@ -96,7 +96,7 @@ def _linear_bwd(cfg, res, dy):
     key = jax.random.wrap_key_data(key_data) if key_data is not None else None
     sr_key = lambda tag: None if key is None else jax.random.fold_in(key, tag)  # noqa: E731
     if shares_bytes(r.dgrad_dy, r.wgrad_dy):
-        if r.dgrad_dy.fmt in PER_TENSOR:
+        if per_tensor(r.dgrad_dy):
             # dy's FP8-CS amax is not fused into dy's producer: fused into SwiGLU's backward
             # (a reduction with several outputs), XLA left that kernel's exp(-gate) out and
             # wrote it in float32 ([tokens, F]) for it to read. Apart, the amax is one more

@@ -20,13 +20,16 @@ from jax import lax
 
 from lp_jax.kernels.api import block_pair
 from lp_jax.numerics import formats as F
-from lp_jax.numerics.decoded import nvfp4_values_in_place, quantized_values
+from lp_jax.numerics.decoded import quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
-from lp_jax.numerics.quantize import QuantizedTensor, block_values
+from lp_jax.numerics.quantize import QuantizedTensor, block_values, format_named
 from lp_jax.quantizer import quantize, resolve_impl
 from lp_jax.recipes import OperandSpec
 
-PER_TENSOR = F.PER_TENSOR_FORMATS
+
+def per_tensor(spec: OperandSpec) -> bool:
+    """Whether spec quantizes to a per-tensor format (FP8-CS): one copy serves every GEMM axis."""
+    return spec.fmt is not None and format_named(spec.fmt).per_tensor
 
 
 @jax.tree_util.register_dataclass
@@ -91,7 +94,7 @@ def operand(t, spec: OperandSpec, axis: int, key=None):
     t itself (BF16), FP8 bytes (per tensor: the same for every backend) or Pending."""
     if spec.fmt is None:
         return t
-    if spec.fmt in PER_TENSOR:
+    if per_tensor(spec):
         return quantize(t, spec.fmt, axis=axis, impl=spec.quantize_impl, **quantize_kwargs(spec, key))
     return Pending(t, key, spec, axis)
 
@@ -104,7 +107,7 @@ def operand_pair(t, spec_a: OperandSpec, axis_a: int, spec_b: OperandSpec, axis_
     of t (one kernel); otherwise each its own way. The values are the same either way."""
     row_spec, col_spec = (spec_a, spec_b) if axis_a == 1 else (spec_b, spec_a)
     fused = (uses_pallas(spec_a) and uses_pallas(spec_b) and spec_a.fmt == spec_b.fmt
-             and spec_a.fmt not in PER_TENSOR and not (spec_a.block_2d or spec_b.block_2d) and not row_spec.rht)
+             and not per_tensor(spec_a) and not (spec_a.block_2d or spec_b.block_2d) and not row_spec.rht)
     if not fused:
         return operand(t, spec_a, axis_a, key_a), (stored if keep_b else operand)(t, spec_b, axis_b, key_b)
     if axis_a == 1:
@@ -120,12 +123,12 @@ def stored(t, spec: OperandSpec, axis: int, key=None):
     Transposed, so every backend reads the same bytes."""
     if spec.fmt is None:
         return t
-    if uses_pallas(spec) and not (spec.fmt in PER_TENSOR or spec.block_2d):
+    if uses_pallas(spec) and not (per_tensor(spec) or spec.block_2d):
         # One kernel, the RHT fused into the column copy's pass.
         row, col = block_pair(t, spec, None, key) if axis == t.ndim - 1 else block_pair(t, None, spec, None, key)
         return row if col is None else Transposed(col)
     t = transformed(t, spec, axis)
-    if spec.fmt in PER_TENSOR or spec.block_2d or axis == t.ndim - 1:
+    if per_tensor(spec) or spec.block_2d or axis == t.ndim - 1:
         return quantize(t, spec.fmt, axis=axis, impl=spec.quantize_impl, **quantize_kwargs(spec, key))
     return Transposed(quantize(jnp.moveaxis(t, axis, -1), spec.fmt, axis=-1, **quantize_kwargs(spec, key)))
 
@@ -136,9 +139,10 @@ def decoded(p: Pending):
     except NVFP4 1-D blocks along the first axis of a 2-D operand (the wgrad's dy), which stay
     in place: the GEMM reads them as they are, and moving them would cost a transposed pass."""
     t = transformed(p.t, p.spec, p.axis)
-    if p.spec.fmt == "nvfp4" and not (p.spec.block_2d or p.spec.block_scale_search) and t.ndim == 2 \
+    fmt = format_named(p.spec.fmt)
+    if fmt.decodes_in_place and not (p.spec.block_2d or p.spec.block_scale_search) and t.ndim == 2 \
             and p.axis == 0:
-        values, factor = nvfp4_values_in_place(t, **_rounding(p.spec, p.key))
+        values, factor = fmt.values_in_place(t, **_rounding(p.spec, p.key))
         return Decoded(values.astype(t.dtype), factor, axis=0)
     values, factor = quantized_values(t, p.spec.fmt, p.axis, **quantize_kwargs(p.spec, p.key))
     return Decoded(values.astype(t.dtype), factor)
@@ -156,7 +160,7 @@ def shares_bytes(a: OperandSpec, b: OperandSpec) -> bool:
     """
     if a != b or a.rht:
         return False
-    return a.fmt is None or a.fmt in PER_TENSOR or a.block_2d
+    return a.fmt is None or per_tensor(a) or a.block_2d
 
 
 def pad_to(t, axis, multiple):
@@ -189,7 +193,7 @@ def gemm_inputs(p, compute_dtype, axis):
     if not isinstance(p, QuantizedTensor):
         return p.astype(compute_dtype), None, axis
     data = lax.optimization_barrier(p.data)
-    if p.fmt in PER_TENSOR:
+    if format_named(p.fmt).per_tensor:
         return data.astype(compute_dtype), p.scale, axis
     values = block_values(dataclasses.replace(p, data=data)).astype(compute_dtype)
     return values, p.global_scale, axis

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.manual_axes import max_over_devices
-from lp_jax.numerics.quantize import abs_max
+from lp_jax.numerics.quantize import abs_max, format_named
 from lp_jax.quantizer import quantize
 
 FSDP = "fsdp"
@@ -97,7 +97,7 @@ def _copies(recipe, wc, sharded_axes):
     the tensor amax (FP8-CS, NVFP4) is reduced over the mesh axes that shard the weight."""
     fprop, dgrad = recipe.fprop_w, recipe.dgrad_w
     amax = None
-    if F.FORMAT_SPECS[fprop.fmt].tensor_scale or F.FORMAT_SPECS[dgrad.fmt].tensor_scale:
+    if format_named(fprop.fmt).tensor_scale or format_named(dgrad.fmt).tensor_scale:
         # Over every axis of the shard, not axis=None: the data axis holds the same weight, so
         # only the axes that shard it need the all-reduce below (manual_axes.tensor_amax would add data).
         amax = abs_max(wc, axis=tuple(range(wc.ndim)))
@@ -120,7 +120,7 @@ def _check_whole_blocks(recipe, local_shape, global_shape):
     """A block split across shards would get other scales than the unsharded recipe's: refuse
     (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
     for spec, axis in ((recipe.fprop_w, 0), (recipe.dgrad_w, 1)):
-        block = F.FORMAT_SPECS[spec.fmt].block
+        block = format_named(spec.fmt).block
         for a in ((0, 1) if spec.block_2d else (axis,)):
             if block and local_shape[a] != global_shape[a] and local_shape[a] % block:
                 raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "

@@ -13,12 +13,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from lp_jax.numerics import formats as F
-from lp_jax.numerics.quantize import QuantizedTensor
+from lp_jax.numerics.quantize import QuantizedTensor, format_named
 
 
 def _fp8(p):
-    if not (isinstance(p, QuantizedTensor) and F.FORMAT_SPECS[p.fmt].per_tensor):
+    if not (isinstance(p, QuantizedTensor) and format_named(p.fmt).per_tensor):
         raise ValueError(f"the xla_fp8 backend multiplies per-tensor FP8 operands, got {type(p).__name__}"
                          f"{'' if not isinstance(p, QuantizedTensor) else ' ' + p.fmt}")
     # The barrier keeps a GPU that cannot run this FP8 GEMM (XLA then upcasts the operands)

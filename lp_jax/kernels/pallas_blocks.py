@@ -32,7 +32,7 @@ class BlockCopy:
 
     @property
     def block(self) -> int:
-        return F.BLOCK_SIZES[self.fmt]
+        return Q.format_named(self.fmt).block
 
 
 def block_copies(x3, t: Tiling, row: BlockCopy | None, col: BlockCopy | None, *, col_transposed=True,
@@ -59,7 +59,7 @@ def mxfp8_col_copy(x3, t: Tiling, rule: str, transposed: bool, interpret=None):
     blocks), the block amax is their elementwise max, and each view is scaled, cast and
     stored, in place or through a transposed view of the output: ``mxfp8_blocks``'
     arithmetic, elementwise."""
-    b = F.BLOCK_SIZES["mxfp8"]
+    b = Q.MX_BLOCK
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
     interpreted = is_interpreted(interpret)
@@ -104,7 +104,7 @@ def mxfp8_copies(x3, t: Tiling, row_rule: str | None, col_rule: str | None, inte
     over 1/32 of the data's bytes). Mosaic GPU has no transposed store of 8-bit data, so
     the column copy comes only transposed ([A, C, R]).
     Returns [row data, row scales] + [column data, column scales], as ``block_copies``."""
-    b = F.BLOCK_SIZES["mxfp8"]
+    b = Q.MX_BLOCK
     a_n, rp, cp = t.padded
     tr, tc = t.tr, t.tc
     rules = [r for r in (row_rule, col_rule) if r is not None]

@@ -5,10 +5,9 @@ and E8M0 codes are built from exponent bits, never cast. Results stay exact wher
 flushes float32 subnormals to zero, and where an older XLA folds consecutive float constant
 factors into one (docs/jax_versions.md): powers of two are applied as two normal factors, and
 no two constant factors follow each other unless their product is a normal float32.
+The quantized formats made of these elements are objects of ``lp_jax.numerics.registry``.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -29,40 +28,6 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 _FMAX = {E4M3: E4M3_MAX, E5M2: E5M2_MAX, E2M1: E2M1_MAX}
 
-
-@dataclasses.dataclass(frozen=True)
-class FormatSpec:
-    """What a quantized format is made of: its elements, its scales and its blocks."""
-
-    element: type  # the element dtype of the data
-    block: int | None  # elements per scale along the blocked axis; None: one scale per tensor
-    scale: type | None  # dtype of the block scales (None: an FP32 tensor scale only)
-    tensor_scale: bool  # an FP32 per-tensor scale (FP8-CS's only scale; NVFP4's second level)
-
-    @property
-    def max(self) -> float:
-        return _FMAX[self.element]
-
-    @property
-    def per_tensor(self) -> bool:
-        return self.block is None
-
-
-# The one table of format facts: quantize, the GEMM operands and the mesh checks read it.
-# MXFP8 is 1x32 with E8M0 scales (OCP MX); NVFP4 is 1x16 (or 16x16 tiles for weights) with
-# E4M3 block scales under an FP32 tensor scale, which keeps the E4M3 scales in range;
-# FP8 block scaling is 1x128 (or 128x128) E4M3 with FP32 power-of-two scales.
-FORMAT_SPECS = {
-    "fp8_e4m3": FormatSpec(E4M3, None, None, True),
-    "fp8_e5m2": FormatSpec(E5M2, None, None, True),
-    "mxfp8": FormatSpec(E4M3, 32, E8M0, False),
-    "nvfp4": FormatSpec(E2M1, 16, E4M3, True),
-    # Transformer Engine's Float8BlockScaling: 1x128 blocks (or 128x128 tiles for weights),
-    # float32 power-of-two scales, no tensor scale.
-    "fp8_block": FormatSpec(E4M3, 128, np.float32, False),
-}
-PER_TENSOR_FORMATS = tuple(name for name, spec in FORMAT_SPECS.items() if spec.per_tensor)
-BLOCK_SIZES = {name: spec.block for name, spec in FORMAT_SPECS.items() if spec.block}
 
 # fp32(1/448), the RCEIL multiplier. TE multiplies by this rounded reciprocal rather than
 # dividing by 448, and the rounding decides codes when amax/448 is one ulp above 2^k.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from lp_jax.errors import UserError
-from lp_jax.numerics.formats import BLOCK_SIZES
+from lp_jax.numerics.registry import Format, format_named
 from lp_jax.numerics.hadamard import RHT_SIZE as RHT_LENGTH
 from lp_jax.recipes import Recipe
 
@@ -51,8 +51,13 @@ _OPERANDS = (
 _DIM_NAMES = {"m": "M (tokens)", "k": "K (in features)", "n": "N (out features)"}
 
 
+def _format(spec) -> Format | None:
+    return None if spec.fmt is None else format_named(spec.fmt)
+
+
 def _block(spec) -> int | None:
-    size = BLOCK_SIZES.get(spec.fmt)
+    fmt = _format(spec)
+    size = fmt.block if fmt is not None else None
     if spec.rht:
         size = max(size or 1, RHT_LENGTH)
     return size
@@ -73,7 +78,8 @@ def straddles(splits: LinearSplits, recipe: Recipe) -> list[str]:
                 continue
             local, rem = divmod(split.size, split.shards)
             if rem or local % block:
-                what = f"{spec.fmt.upper()} " if spec.fmt in BLOCK_SIZES else ""
+                fmt = _format(spec)
+                what = f"{fmt.label} " if fmt is not None and fmt.block else ""
                 what += f"{block}x{block} tiles" if spec.block_2d else f"{block}-element blocks"
                 if spec.rht:
                     what += " (and 16-point Hadamard transform)"

@@ -12,21 +12,18 @@ output) are read and quantized once.
 """
 from __future__ import annotations
 
+from lp_jax.numerics.registry import format_named
 from lp_jax.recipes import Recipe
 
 BF16_BYTES = 2
-# Bytes per element of a copy: the values, then the scales (one per block) spread over it.
-VALUE_BYTES = {"fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_block": 1.0, "mxfp8": 1.0, "nvfp4": 0.5}
-ROW_SCALE_BYTES = {"fp8_e4m3": 0.0, "fp8_e5m2": 0.0, "fp8_block": 4 / 128, "mxfp8": 1 / 32,
-                   "nvfp4": 1 / 16}
-TILE_SCALE_BYTES = {"fp8_block": 4 / (128 * 128), "nvfp4": 1 / (16 * 16)}
 
 
 def copy_bytes_per_element(spec) -> float:
+    """Bytes per element of the copy ``spec`` makes: its values, then its scales (one per
+    block or tile) spread over it (``Format.copy_bytes``)."""
     if spec.fmt is None:
         return 0.0
-    scales = TILE_SCALE_BYTES[spec.fmt] if spec.block_2d else ROW_SCALE_BYTES[spec.fmt]
-    return VALUE_BYTES[spec.fmt] + scales
+    return format_named(spec.fmt).copy_bytes(tiles=spec.block_2d)
 
 
 def tensor_bytes_per_element(recipe: Recipe, first: str, second: str) -> float:

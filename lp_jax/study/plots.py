@@ -12,9 +12,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lp_jax.study import curves  # noqa: E402
+from lp_jax.study.variants import RECIPES, recipe_format  # noqa: E402
 
-COLORS = {"bf16": "black", "fp8_cs": "tab:blue", "fp8_block": "tab:cyan", "mxfp8": "tab:green",
-          "nvfp4": "tab:red"}
+# Each recipe's colour is its format object's; BF16, the reference, is black.
+COLORS = {r: getattr(recipe_format(r), "color", "black") for r in RECIPES}
 EXTRA_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:gray")
 
 

@@ -16,6 +16,8 @@ from typing import Any
 from lp_jax.config.schema import PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import apply_overrides
 from lp_jax.errors import UserError
+from lp_jax.numerics.registry import Format, FormatVariant, format_named
+from lp_jax.recipes import RECIPES as RECIPE_CLASSES
 
 RECIPES = ("bf16", "fp8_cs", "fp8_block", "mxfp8", "nvfp4")
 DEFAULT_PRECISIONS = "bf16,fp8_cs,mxfp8,nvfp4"  # the four of Megatron Bridge's Llama 3 8B study
@@ -25,7 +27,16 @@ REFERENCE = "bf16"  # gaps and speed-ups are relative to it
 # recipes within about a point, NVFP4 within about three. Ending lower than BF16 meets them.
 TARGETS = {"fp8_cs": 0.01, "fp8_block": 0.01, "mxfp8": 0.01, "nvfp4": 0.03}
 TWIN = "bf16_twin"  # with --seeds: BF16 again, summed in another order (the noise band)
-LABELS = {"bf16": "BF16", "fp8_cs": "FP8-CS", "fp8_block": "FP8 block", "mxfp8": "MXFP8", "nvfp4": "NVFP4"}
+
+
+def recipe_format(recipe: str) -> Format | None:
+    """The format a recipe's GEMMs multiply its inputs in (None for BF16): the study names
+    and colours a recipe's runs as its format object does."""
+    fmt = RECIPE_CLASSES[recipe]().fprop_x.fmt
+    return None if fmt is None else format_named(fmt)
+
+
+LABELS = {r: getattr(recipe_format(r), "label", "BF16") for r in RECIPES}
 POLICY = re.compile(r"^F(\d+)L(\d+)$", re.IGNORECASE)
 
 # NVFP4 ablations: (name suffix, label, precision overrides on top of the NVFP4 variant).
@@ -61,12 +72,12 @@ def parse_precisions(text: str) -> list[Variant]:
             continue
         recipe, _, policy = item.partition(":")
         recipe = recipe.lower()
-        four_over_six = recipe == "nvfp4" and policy.lower().split(":")[0] == "4over6"
-        if four_over_six:
-            policy = policy.partition(":")[2]
         if recipe not in RECIPES:
             raise UserError(f"--precisions: unknown precision {recipe!r}; allowed: "
                             f"{', '.join(RECIPES)} (optionally with a policy, e.g. nvfp4:F0L1)")
+        variant = _format_variant(recipe, policy.lower().split(":")[0])
+        if variant:
+            policy = policy.partition(":")[2]
         overrides, name, label = {}, recipe, LABELS[recipe]
         if policy:
             match = POLICY.match(policy)
@@ -75,9 +86,10 @@ def parse_precisions(text: str) -> list[Variant]:
                                 "expected FiLj, e.g. F0L1")
             overrides = {"first_bf16_layers": int(match[1]), "last_bf16_layers": int(match[2])}
             name, label = f"{recipe}_{policy.lower()}", f"{label} {policy.upper()}"
-        if four_over_six:
-            overrides = {**overrides, "block_scale_search": "4over6"}
-            name, label = name.replace("nvfp4", "nvfp4_4over6", 1), label.replace("NVFP4", "NVFP4 4/6", 1)
+        if variant:
+            overrides = {**overrides, "block_scale_search": variant.option}
+            name = name.replace(recipe, variant.name, 1)
+            label = label.replace(recipe_format(recipe).label, variant.label, 1)
         if name in seen:
             raise UserError(f"--precisions: {item!r} is listed twice")
         seen.add(name)
@@ -86,6 +98,12 @@ def parse_precisions(text: str) -> list[Variant]:
         raise UserError(f"--precisions {text!r} must include {REFERENCE} (the reference for "
                         "gaps and speed-ups)")
     return variants
+
+
+def _format_variant(recipe: str, option: str) -> FormatVariant | None:
+    """The variant of the recipe's format that ``option`` names (nvfp4:4over6), if any."""
+    fmt = recipe_format(recipe)
+    return next((v for v in fmt.variants if v.option == option), None) if fmt else None
 
 
 def ablation_variants(variants: list[Variant]) -> list[Variant]:

@@ -36,6 +36,7 @@ from lp_jax.numerics.quantize import (
     to_blocks_in_place,
     to_tiles,
 )
+from lp_jax.numerics.registry import format_named
 
 STATS = ("amax", "underflow", "saturation", "sqnr_db", "scale_exp_min", "scale_exp_max",
          "scale_at_limit")
@@ -101,8 +102,7 @@ def _written_once(stored):
     return lax.optimization_barrier(stored)
 
 
-def _per_tensor(t, fmt, axis):
-    element = F.FORMAT_SPECS[fmt].element
+def _per_tensor(t, element, axis):
     # Blocks of 32 only to bound the per-block counts (_counts packs them in bytes); the
     # scale is the tensor's, and the zero padding changes neither its amax nor any count.
     xb, layout = _Layout.of(t, axis, MX_BLOCK)
@@ -174,18 +174,25 @@ def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
     return _Blocked(xb, stored, block_values == 0, deq, amax, exponent, s_b < E4M3_MIN_NORMAL, block_axis)
 
 
-def _blocked(t, spec, axis, key):
-    if spec.fmt in F.PER_TENSOR_FORMATS:
-        return _per_tensor(t, spec.fmt, axis)
-    if spec.fmt == "mxfp8":
-        return _mxfp8(t, axis, spec.scale_rule)
-    if spec.fmt == "fp8_block":
-        return _fp8_block(t, axis, spec.block_2d)
+def _nvfp4_operand(t, spec, axis, key):
     rounding = "stochastic" if spec.stochastic else "nearest"
     if spec.stochastic and key is None:
         raise ValueError("operand_stats: a stochastically rounded operand needs key=")
     return _nvfp4(t, axis, spec.block_2d, rounding, key if spec.stochastic else None,
                   spec.block_scale_search, spec.metric)
+
+
+# Each scheme's statistics, by the format object's ``scheme``: (t, OperandSpec, axis, key) -> _Blocked.
+_BLOCKED = {
+    "per_tensor": lambda t, spec, axis, key: _per_tensor(t, format_named(spec.fmt).element, axis),
+    "mxfp8": lambda t, spec, axis, key: _mxfp8(t, axis, spec.scale_rule),
+    "fp8_block": lambda t, spec, axis, key: _fp8_block(t, axis, spec.block_2d),
+    "nvfp4": _nvfp4_operand,
+}
+
+
+def _blocked(t, spec, axis, key):
+    return _BLOCKED[format_named(spec.fmt).scheme](t, spec, axis, key)
 
 
 def operand_stats(t, spec, axis: int, key=None):
@@ -201,7 +208,7 @@ def operand_stats(t, spec, axis: int, key=None):
     finite = jnp.isfinite(b.t)
     nonzero = finite & (b.t != 0)  # zero padding never counts
     kept = nonzero & jnp.isfinite(b.deq)  # not lost to a NaN block (MXFP8), where codes mean nothing
-    fmax = F.max_of(F.FORMAT_SPECS[spec.fmt].element)
+    fmax = format_named(spec.fmt).max
     used = jnp.isfinite(b.amax) & (b.amax > 0)
     # SQNR sums normalized by the power of two at or below the largest finite block amax, so
     # they cannot overflow: two exact multiplies per element, not a (slow) division.

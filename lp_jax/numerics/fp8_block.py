@@ -1,0 +1,112 @@
+"""FP8 block scaling (Transformer Engine's Float8BlockScaling, DeepSeek-V3's recipe): E4M3
+values in 1x128 blocks (or 128x128 tiles for weights) with FP32 power-of-two scales and no
+tensor scale (docs/numerics.md)."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from lp_jax.numerics import formats as F
+from lp_jax.numerics.blocks import (
+    abs_max,
+    along_blocks,
+    block_amax,
+    from_blocks,
+    from_tiles,
+    per_element,
+    to_blocks,
+    to_tiles,
+)
+from lp_jax.numerics.division import div
+from lp_jax.numerics.format import Format
+from lp_jax.numerics.quantized_tensor import QuantizedTensor
+
+FP8_BLOCK = 128  # elements per scale (or a tile's side)
+
+
+def fp8_block_scales(amax):
+    """FP8 block scaling, per block: (scale, scale_inv), float32 powers of two.
+
+    scale = 448 / amax, FLT_MAX where that overflows, 1 where amax is 0, inf or NaN, then
+    rounded down to a power of two by its exponent bits. The tests read amax's bits, not
+    its value: a subnormal amax compares equal to 0 on CPU (denormals are zero there), and
+    its quotient overflows either way. scale_inv is built from bits too: 2^-127, the
+    reciprocal of the largest scale, is subnormal."""
+    amax = amax.astype(jnp.float32)
+    bits = F.f32_bits(amax)
+    scale = div(jnp.float32(F.E4M3_MAX), amax)
+    scale = jnp.where(jnp.isinf(scale), jnp.float32(F.FLT_MAX), scale)
+    scale = jnp.where((bits == 0) | (bits >= 0x7F800000), jnp.float32(1), scale)
+    e = (F.f32_bits(scale) >> 23) & 0xFF  # scale >= 448 / FLT_MAX: always normal
+    inv_bits = jnp.where(e == 254, jnp.uint32(0x00400000), (254 - e) << 23)
+    return (lax.bitcast_convert_type(e << 23, jnp.float32),
+            lax.bitcast_convert_type(inv_bits.astype(jnp.uint32), jnp.float32))
+
+
+def fp8_block_encode(x, scale):
+    """E4M3 codes of x * scale (scale a power of two, broadcast to x): nearest even,
+    saturating to +-448, NaN to the positive NaN code 0x7F. The product is exact; a
+    subnormal x is scaled from its integer mantissa, since CPU flushes it as an operand."""
+    x = x.astype(jnp.float32)
+    bits = F.f32_bits(x)
+    k = ((F.f32_bits(scale) >> 23) & 0xFF).astype(jnp.int32) - 127
+    # x = m * 2^-149 for a subnormal; k - 149 >= -252 keeps mul_exp2's factors normal (below
+    # that the product is far under E4M3's smallest subnormal, 2^-9, and rounds to zero).
+    tiny = F.mul_exp2((bits & 0x7FFFFF).astype(jnp.float32), jnp.maximum(k - 149, -252))
+    y = jnp.where(((bits >> 23) & 0xFF) == 0, jnp.copysign(tiny, x), x * scale)
+    y = jnp.where(jnp.isnan(x), jnp.float32(jnp.nan), y)
+    return F.cast_satfinite(y, F.E4M3)
+
+
+def _without_nan(x):
+    """FP8 block scaling's amax ignores NaN elements (they still encode as NaN)."""
+    return jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
+
+
+def quantize_fp8_block(xf, axis, block_2d=False) -> QuantizedTensor:
+    """1x128 blocks along ``axis``, or 128x128 tiles over the last two axes."""
+    if block_2d:
+        r, c = xf.shape[-2:]
+        xt = to_tiles(xf, FP8_BLOCK)
+        scale, inv = fp8_block_scales(abs_max(_without_nan(xt), axis=(-3, -1)))
+        data = fp8_block_encode(xt, scale[..., :, None, :, None])
+        return QuantizedTensor(from_tiles(data, r, c), inv, None, FP8_BLOCK_FORMAT.name, xf.ndim - 1, True)
+    scale, inv = fp8_block_scales(block_amax(_without_nan(xf), axis, FP8_BLOCK))
+    xb = to_blocks(xf, axis, FP8_BLOCK)
+    data = from_blocks(fp8_block_encode(xb, along_blocks(scale, xb.shape)), axis, xf.shape[axis])
+    return QuantizedTensor(data, jnp.moveaxis(inv, -1, axis), None, FP8_BLOCK_FORMAT.name, axis)
+
+
+def fp8_block_values(t, axis, block_2d=False):
+    q = quantize_fp8_block(t, axis, block_2d)
+    q = dataclasses.replace(q, data=lax.optimization_barrier(q.data))
+    return jnp.moveaxis(_block_values(q), axis, -1), None
+
+
+def _block_values(q: QuantizedTensor):
+    # code x scale_inv, which may be the subnormal 2^-127
+    return F.mul(q.data.astype(jnp.float32), per_element(q, FP8_BLOCK))
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Block(Format):
+    scheme = "fp8_block"
+
+    def quantize(self, xf, axis, *, block_2d=False, **_):
+        return quantize_fp8_block(xf, axis, block_2d)
+
+    def block_values(self, q):
+        return _block_values(q)
+
+    def values(self, t, axis, *, block_2d=False, **_):
+        return fp8_block_values(t, axis, block_2d)
+
+
+# Hopper runs it on its own WGMMA GEMM (lp_jax.kernels.fp8_block_gemm); cuDNN's block-scaled
+# GEMM runs it as MXFP8 (its power-of-two scales are E8M0 codes; lp_jax.gemm.cudnn).
+FP8_BLOCK_FORMAT = FP8Block(name="fp8_block", label="FP8 block", color="tab:cyan", element=F.E4M3,
+                            block=FP8_BLOCK, scale=np.float32, tensor_scale=False, tiles=True,
+                            gemm="cudnn", hopper_gemm="wgmma")
