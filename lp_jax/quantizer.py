@@ -18,7 +18,7 @@ from lp_jax.recipes import QUANTIZE_IMPLS, check_choice
 # Formats whose kernels "auto" runs in a program traced for a Blackwell GPU (``auto_pallas``
 # on the format object): in Llama 3 8B's layer compiled for a GB200, their layer moved fewer
 # HBM bytes in fewer kernels with the Pallas kernels than with XLA's fusions (MXFP8 23.9 GB
-# in 217 kernels against 30.8 GB in 258, NVFP4 24.6 in 434 against 45.2 in 502; docs/plan.md,
+# in 217 kernels against 30.8 GB in 258, NVFP4 24.6 in 434 against 45.2 in 502; docs/plan_results.md,
 # "One layer's cost"): the plan's count of a deviceless compile, not a timing on a GPU.
 # FP8-CS moved fewer bytes in more kernels (247 against 195: its amax is a pass of its own),
 # so XLA keeps it. Hopper, where these formats' GEMMs are XLA's FP32 expansion, was not

@@ -100,7 +100,7 @@ def _linear_bwd(cfg, res, dy):
             # dy's FP8-CS amax is not fused into dy's producer: fused into SwiGLU's backward
             # (a reduction with several outputs), XLA left that kernel's exp(-gate) out and
             # wrote it in float32 ([tokens, F]) for it to read. Apart, the amax is one more
-            # read of dy in BF16 (the 8B layer on a GB200: 16.75 -> 15.98 GB, docs/plan.md).
+            # read of dy in BF16 (the 8B layer on a GB200: 16.75 -> 15.98 GB, docs/plan_results.md).
             dy = lax.optimization_barrier(dy)
         g_dgrad = g_wgrad = operand(dy, r.dgrad_dy, axis=1, key=sr_key(_SR_DGRAD))
     else:

@@ -239,7 +239,7 @@ def scale_result(out, *factors):
     one IEEE rounding the contract names, a subnormal factor or result included. On a GPU
     the plain form is a few multiplies that XLA fuses into the result's consumers, where
     ``formats.mul``'s selects over the whole result kept the scaling a kernel of its own
-    (NVFP4's 8B layer on a GB200: four [tokens, F] passes, docs/plan.md)."""
+    (NVFP4's 8B layer on a GB200: four [tokens, F] passes, docs/plan_results.md)."""
     given = [f for f in factors if f is not None]
     if not given:
         return out

@@ -57,7 +57,7 @@ class Format:
     pallas: bool = False  # a Pallas kernel quantizes it (lp.quantize(..., impl="pallas"))
     # Whether impl="auto" runs that kernel in a program traced for a Blackwell GPU: where its
     # layer moved fewer HBM bytes in fewer kernels with it than with XLA's fusions (the
-    # plan's count of a deviceless compile, not a GPU timing; docs/plan.md, "One layer's cost").
+    # plan's count of a deviceless compile, not a GPU timing; docs/plan_results.md, "One layer's cost").
     auto_pallas: bool = False
     gemm: str | None = None  # the GEMM backend built for it (recipes.NATIVE_BACKEND)
     hopper_gemm: str | None = None  # its own Hopper (sm_90) GEMM, where it has one

@@ -22,7 +22,7 @@ on meshes (data, fsdp, tensor) = (8,1,1), (2,4,1), (2,2,2), and with ZeRO-1
   while reversing rows barely moves the non-stochastic recipes. Measured drift, sharded
   (ZeRO-1 included) vs yardstick: BF16 1.0e-5 vs 1.4e-5, FP8-CS 1.6e-7 vs 6.7e-5, MXFP8
   3.8e-5 vs 4.9e-5, NVFP4 5.2e-4 vs 1.9e-4 (its data ranks draw other stochastic-rounding
-  bits than one device: docs/scaling.md). docs/scaling.md has the full table.
+  bits than one device: docs/scaling.md, which summarizes the worst drift per recipe).
 
 All runs, one device included, compile with ``--xla_allow_excess_precision=false``: with
 XLA's default, XLA:CPU keeps some BF16 intermediates in FP32 in one program and not in
