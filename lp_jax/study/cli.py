@@ -2,10 +2,13 @@
 
     python -m lp_jax.study --config configs/study_tiny.yaml --precisions bf16,fp8_cs,mxfp8,nvfp4
                            [--out REPORT_DIR] [--ablations] [dotted.key=value ...]
+    python -m lp_jax.study --verify docs/study_tiny [--steps 3] [--only 'seed4/*'] [--write]
 
 Exit status: 0 when every run finished and the report is written; 1 when the report is
 written but some run failed or conflicts with its folder; 2 for bad input (one line on
 stderr, nothing trained); 130 when interrupted (the running run saved; partial report).
+With --verify: 0 when every recorded run trains its first steps to the recorded losses,
+1 when one differs (or cannot be retrained), 2 for bad input, 130 when interrupted.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 from typing import Sequence
 
 from lp_jax.study.downstream import DEFAULT_LIMIT, DEFAULT_TASKS
+from lp_jax.study.verify import DEFAULT_STEPS
 from lp_jax.study.variants import DEFAULT_PRECISIONS
 
 
@@ -33,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Overrides are the trainer's dotted keys (steps=2000 model.num_layers=8), applied "
                "to every run; NAME:key=value applies to run NAME only (nvfp4:data.micro_batch_size=4). "
                "docs/study.md describes the report.")
-    p.add_argument("--config", required=True, help="YAML run config (as for train.py)")
+    p.add_argument("--config", help="YAML run config (as for train.py); required unless --verify")
     p.add_argument("--precisions", default=DEFAULT_PRECISIONS,
                    help="comma-separated bf16, fp8_cs, fp8_block, mxfp8, nvfp4, each optionally "
                         "with a layer policy (nvfp4:F0L1); nvfp4:4over6 for 4/6 block scales "
@@ -66,6 +70,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="train nothing: report on what the run folders hold")
     p.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                    help="seconds between progress lines while a run trains (default 30)")
+    p.add_argument("--verify", metavar="RECORDS",
+                   help="train nothing but the first steps of each run recorded in RECORDS "
+                        "(a study folder or its records/ folder), each from its own config, "
+                        "and say which runs' losses differ from the recorded ones")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"with --verify: the steps to retrain and compare (default {DEFAULT_STEPS})")
+    p.add_argument("--only", default="", metavar="PATTERNS",
+                   help="with --verify: only the runs whose names (seed4/bf16) match one of "
+                        "these comma-separated glob patterns (seed0/*,seed4/*)")
+    p.add_argument("--write", action="store_true",
+                   help="with --verify: also write the findings to RECORDS' verify.json, "
+                        "which the study's report quotes")
     p.add_argument("overrides", nargs="*", metavar="[NAME:]key=value")
     return p
 
@@ -100,31 +116,87 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def study_options(args: argparse.Namespace, command: str):
+    """The StudyOptions the parsed command line asks for; ValueError for bad input."""
+    from lp_jax.study.study import StudyOptions
+
+    if args.limit < 0 or args.shots < 0 or args.progress_every <= 0:
+        raise ValueError(f"--limit {args.limit}, --shots {args.shots} and --progress-every "
+                         f"{args.progress_every} must be >= 0 (the last > 0)")
+    if not os.path.isfile(args.config):
+        raise ValueError(f"--config {args.config}: no such file")
+    return StudyOptions(
+        config=args.config, overrides=tuple(args.overrides), precisions=args.precisions,
+        ablations=args.ablations, seeds=parse_seeds(args.seeds), twin=not args.no_twin,
+        out=args.out, runs_dir=args.runs_dir, records=args.records,
+        tasks=_tasks(args.tasks), limit=args.limit or None, shots=args.shots,
+        xla_memory=not args.no_xla_memory, train=not args.no_train,
+        progress_every=args.progress_every, command=command)
+
+
+def parse_study_command(command: str):
+    """The StudyOptions of a recorded `python -m lp_jax.study ...` command line (as a
+    report's study.json keeps it)."""
+    words = shlex.split(command)
+    if words[:3] != ["python", "-m", "lp_jax.study"]:
+        raise ValueError(f"not a study command: {command!r}")
+    return study_options(_parser().parse_args(words[3:]), command)
+
+
+def _verify(args: argparse.Namespace, command: str) -> int:
+    from lp_jax.study import records, verify
+
+    steps = DEFAULT_STEPS if args.steps is None else args.steps
+    try:
+        if args.config or args.overrides:
+            raise ValueError("--verify takes no --config or overrides: each run is rebuilt "
+                             "from its own record")
+        if steps < 1:
+            raise ValueError(f"--steps {steps}: give at least 1")
+        folder = verify.records_folder(args.verify)
+        verify.selected(folder, args.only)
+    except ValueError as e:
+        print(f"python -m lp_jax.study: error: {e}", file=sys.stderr)
+        return 2
+    made_by = records.machine()
+    try:
+        checks = verify.verify(folder, steps, say=lambda line: print(line, flush=True),
+                               only=args.only, made_by=made_by)
+    except KeyboardInterrupt as e:
+        print(f"verify: interrupted ({e or 'SIGINT'}); nothing written", file=sys.stderr)
+        return 130
+    if args.write:
+        path = verify.write(folder, checks, steps, command, made_by)
+        print(f"verify: findings written to {path}", file=sys.stderr)
+    differ = [c.name for c in checks if not c.same]
+    print(f"verify: {len(checks) - len(differ)} of {len(checks)} recorded runs reproduced "
+          f"over their first {steps} step(s)", file=sys.stderr)
+    return 1 if differ else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    command = shlex.join(["python", "-m", "lp_jax.study", *(sys.argv[1:] if argv is None else argv)])
+    if args.verify is None and (args.steps is not None or args.write or args.only):
+        print("python -m lp_jax.study: error: --steps, --only and --write go with --verify "
+              "(see --help)", file=sys.stderr)
+        return 2
+    if args.verify is not None:
+        return _verify(args, command)
+    if not args.config:
+        print("python -m lp_jax.study: error: the following arguments are required: --config "
+              "(see --help)", file=sys.stderr)
+        return 2
     # This process only analyses (compiles, loads checkpoints) after every run has trained
     # in its own child; on a GPU it must not grab most of the memory JAX preallocates.
     if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         os.environ["LP_JAX_STUDY_SET_PREALLOCATE"] = "1"
     from lp_jax.study.runs import StudyInterrupted
-    from lp_jax.study.study import StudyOptions, plan_seeds, run_study
+    from lp_jax.study.study import plan_seeds, run_study
 
     try:
-        if args.limit < 0 or args.shots < 0 or args.progress_every <= 0:
-            raise ValueError(f"--limit {args.limit}, --shots {args.shots} and --progress-every "
-                             f"{args.progress_every} must be >= 0 (the last > 0)")
-        if not os.path.isfile(args.config):
-            raise ValueError(f"--config {args.config}: no such file")
-        options = StudyOptions(
-            config=args.config, overrides=tuple(args.overrides), precisions=args.precisions,
-            ablations=args.ablations, seeds=parse_seeds(args.seeds), twin=not args.no_twin,
-            out=args.out, runs_dir=args.runs_dir, records=args.records,
-            tasks=_tasks(args.tasks), limit=args.limit or None, shots=args.shots,
-            xla_memory=not args.no_xla_memory, train=not args.no_train,
-            progress_every=args.progress_every,
-            command=shlex.join(["python", "-m", "lp_jax.study",
-                                *(sys.argv[1:] if argv is None else argv)]))
+        options = study_options(args, command)
         plan_seeds(options)  # every config error before anything trains
     except ValueError as e:  # UserError (DataPackageError too) is a ValueError
         print(f"python -m lp_jax.study: error: {e}", file=sys.stderr)

@@ -2,7 +2,8 @@
 
 A study of many seeds takes longer than a machine may be kept, and only a repository
 travels between machines. So with ``--records DIR`` every finished run's record (its
-configs and metrics: a few hundred KB, no weights, and the machine it trained on) is
+configs and metrics: a few hundred KB, no weights, and the code and machine it trained
+on) is
 copied to DIR as the run finishes, under the run's path in the runs folder; a later study
 with the same DIR puts the record back into an empty run folder and reuses the run instead
 of training it again (docs/study.md, "Runs: train, resume, reuse"). A recorded run has no
@@ -18,6 +19,7 @@ import platform
 import re
 import shutil
 
+from lp_jax.study.provenance import source_commit
 from lp_jax.training.metrics import read_metrics
 
 # config.yaml (the trainer's) decides whether a folder holds this study's run; the
@@ -29,6 +31,8 @@ REQUIRED = ("config.yaml", "metrics.jsonl")
 # The folder is a session key (never compared): a record names it relative to the records.
 RUN_DIR_LINE = re.compile(r"^run_dir: .*$", re.MULTILINE)
 MACHINE_FILE = "machine.json"
+# What a study puts back into a run folder from a record: the run, and what trained it.
+RESTORED_FILES = RECORD_FILES + (MACHINE_FILE,)
 
 
 def reaches(metrics: list[dict], target_step: int) -> bool:
@@ -59,7 +63,7 @@ def restore(record: pathlib.Path, run_dir: str | os.PathLike, target_step: int) 
     if (run_dir / "config.yaml").exists() or not finished(record, target_step):
         return False
     run_dir.mkdir(parents=True, exist_ok=True)
-    for name in RECORD_FILES:
+    for name in RESTORED_FILES:
         if (record / name).is_file():
             shutil.copy2(record / name, run_dir / name)
     return True
@@ -83,15 +87,32 @@ def save(run_dir: str | os.PathLike, record: pathlib.Path, records: str | os.Pat
             (partial / name).write_text(text)
         else:
             shutil.copy2(source, partial / name)
-    (partial / MACHINE_FILE).write_text(json.dumps(machine(), indent=1) + "\n")
+    trained_on = read_machine(run_dir) or machine()
+    (partial / MACHINE_FILE).write_text(json.dumps(trained_on, indent=1) + "\n")
     shutil.rmtree(record, ignore_errors=True)
     os.replace(partial, record)
 
 
+def write_machine(run_dir: str | os.PathLike) -> None:
+    """Notes in ``run_dir`` the code and machine that trained it (this process's)."""
+    (pathlib.Path(run_dir) / MACHINE_FILE).write_text(json.dumps(machine(), indent=1) + "\n")
+
+
+def read_machine(folder: str | os.PathLike) -> dict | None:
+    """The folder's machine.json, or None when it has none (or an unreadable one)."""
+    try:
+        data = json.loads((pathlib.Path(folder) / MACHINE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def machine() -> dict:
-    """What decides a CPU run's rounding besides the code: XLA:CPU picks its kernels by the
-    processor's instruction sets, so two machines may take two paths from one seed. Kept
-    with each record (a seed's runs are paired across machines only if these agree)."""
+    """What decides a run's numbers besides its config: the commit of the code (``-dirty``
+    when tracked files had changes; None outside git) and the JAX version, and on a CPU the
+    processor, since XLA:CPU picks its kernels by its instruction sets and two machines may
+    take two paths from one seed. Kept with each record (a seed's runs are paired across
+    machines only if these agree)."""
     import jax
     import jaxlib
 
@@ -105,6 +126,7 @@ def machine() -> dict:
     except OSError:  # not Linux: the platform's own name for it
         pass
     cpu = cpu or platform.processor() or platform.machine()
-    return {"cpu": cpu, "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
+    return {"commit": source_commit(),
+            "cpu": cpu, "cpu_flags_sha256": hashlib.sha256(flags.encode()).hexdigest()[:16],
             "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "python": platform.python_version()}

@@ -8,8 +8,9 @@ import pathlib
 import time
 
 import lp_jax
+from lp_jax.config.yaml_io import to_dict
 from lp_jax.evaluation.mmlu import SUBJECTS
-from lp_jax.study import curves, plots, seeds, throughput
+from lp_jax.study import curves, plots, provenance, seeds, throughput, verify
 from lp_jax.study.tables import fmt as _fmt
 from lp_jax.study.tables import pct as _pct
 from lp_jax.study.tables import table as _table
@@ -94,17 +95,46 @@ def collect_numbers(entries: list[dict], out) -> dict:
                            "speedup_over_bf16": throughput.speedup(
                                e["throughput"], ref["throughput"] if ref else None)},
             "memory_bytes": e["memory"], "eval": _eval_summary(e["eval"], run_dir),
-            "errors": e["errors"],
+            "errors": e["errors"], "recorded": status.recorded, "made_by": _made_by(e),
         }
     return numbers
+
+
+def _made_by(entry: dict) -> dict | None:
+    """The commit and JAX version that trained the run (its machine.json), if noted."""
+    machine = entry.get("machine")
+    return None if not machine else {"commit": machine.get("commit"), "jax": machine.get("jax")}
+
+
+def trained_by(all_entries: list[dict]) -> list[dict]:
+    """[{"commit", "jax", "runs"}] for each code that trained some of the runs, most runs
+    first; a run with no machine.json counts under commit and JAX None."""
+    groups: dict[tuple, int] = {}
+    for e in all_entries:
+        made_by = _made_by(e) or {}
+        key = (made_by.get("commit"), made_by.get("jax"))
+        groups[key] = groups.get(key, 0) + 1
+    return [{"commit": c, "jax": j, "runs": n}
+            for (c, j), n in sorted(groups.items(), key=lambda kv: -kv[1])]
+
+
+def _trained_by_line(groups: list[dict]) -> str:
+    total = sum(g["runs"] for g in groups)
+    if len(groups) == 1 and groups[0]["commit"] is None and groups[0]["jax"] is None:
+        return "- Trained by: not noted (no run folder has a machine.json)."
+    parts = [("no machine.json" if g["commit"] is None and g["jax"] is None else
+              provenance.describe(g)) + (f" ({g['runs']} runs)" if len(groups) > 1 else "")
+             for g in groups]
+    every = f"all {total} runs" if total > 1 else "the run"
+    return (f"- Trained by: {'; '.join(parts)}"
+            + (f" ({every}; each run's machine.json)." if len(groups) == 1 else "."))
 
 
 def _tokens(count: float) -> str:
     return f"{count / 1e6:.1f} M" if count >= 1e5 else f"{count:,.0f}"
 
 
-def _setup_lines(entries: list[dict], options) -> list[str]:
-
+def _setup_lines(entries: list[dict], options, groups: list[dict]) -> list[str]:
     config = entries[0]["config"]
     model = resolve(config).model_config
     tokens = config.steps * config.data.global_batch_size * config.data.seq_len
@@ -119,6 +149,7 @@ def _setup_lines(entries: list[dict], options) -> list[str]:
         "reads the same batches in the same order.",
         f"- Validation: {config.logging.val_batches} fixed batch(es) every "
         f"{config.logging.val_every} steps and at the end.",
+        _trained_by_line(groups),
     ]
 
 
@@ -187,8 +218,11 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
         name = f"loss_{group}.png"
         plots.loss_figure(out / name, title, runs, reference, tokens_per_step)
         figures.append((title, name))
+    all_entries = [e for group in (by_seed or {None: entries}).values() for e in group]
+    groups = trained_by(all_entries)
     summary = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(seconds, 1),
-               "command": _command(options), "precisions": options.precisions,
+               "command": _command(options), **provenance.current(), "trained_by": groups,
+               "precisions": options.precisions,
                "ablations": options.ablations, "overrides": list(options.overrides),
                "interrupted": interrupted, "reference": REFERENCE,
                "eval_settings": {"tasks": list(options.tasks), "limit": options.limit,
@@ -209,28 +243,28 @@ def write_report(out: pathlib.Path, entries: list[dict], options, interrupted: s
                             "twin_band": None if band is None else list(band)}
         seed_lines = seeds.markdown(across, sorted(by_seed), figure)
     (out / "study.json").write_text(_compact_json(summary) + "\n")
+    checked = verify.read(options.records) if options.records else None
     (out / "report.md").write_text(_markdown(entries, numbers, figures, options, interrupted,
-                                             seed_lines))
+                                             seed_lines, groups, checked))
     return summary
 
 
-def _markdown(entries, numbers, figures, options, interrupted, seed_lines=()) -> str:
+def _markdown(entries, numbers, figures, options, interrupted, seed_lines=(), groups=(),
+              checked=None) -> str:
     lines = ["# Training-precision study", ""]
     if interrupted:
         lines += [f"**Interrupted ({interrupted}): partial report; re-run the same command to "
                   "resume.**", ""]
-    lines += _setup_lines(entries, options) + [""]
+    lines += _setup_lines(entries, options, list(groups)) + [""]
+    if checked:
+        lines += verify.markdown(checked)
     heading = "## Final losses"
     if seed_lines:
         heading += f" (seed {entries[0]['config'].seed}, shown in detail; every seed: Across seeds)"
     lines += [heading, "",
-              "Final validation loss at the last step (± its standard error over the "
-              "validation batches, where the run recorded it: how far other held-out text "
-              "might move the loss itself; every run is scored on the same batches, so most "
-              "of that spread cancels in the gaps); training loss averaged over "
-              "the last 2% of steps; gaps are relative to BF16 ((x - BF16) / BF16); the mean "
-              "validation gap averages the gaps of every validation in the second half of "
-              "the run.", ""]
+              "Validation loss at the last step (± its standard error over the shared "
+              "validation batches); training loss averaged over the last 2% of steps; gaps "
+              "(x - BF16) / BF16; the mean validation gap over the run's second half.", ""]
     rows = []
     for name, n in numbers.items():
         target = TARGETS.get(n["recipe"]) if n["group"] == "precisions" and \
@@ -277,10 +311,12 @@ def _quantized(n) -> str:
 
 
 def _status(n) -> str:
-    state = {"complete": "reused", "trained": "trained"}.get(n["status"], f"**{n['status']}**")
+    state = "recorded" if n.get("recorded") else \
+        {"complete": "reused", "trained": "trained"}.get(n["status"], f"**{n['status']}**")
     return f"{state}, step {n['last_step']}/{n['target_step']}"
 
 
 def _json_ready(fields: dict) -> dict:
-    """Config fields as study.json reads back (tuples such as bf16_layers as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
+    """Config fields as study.json reads back (tuples such as bf16_layers as lists, the
+    options mapping as a dict)."""
+    return {k: to_dict(v) for k, v in fields.items()}

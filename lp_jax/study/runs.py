@@ -45,6 +45,7 @@ class RunStatus:
     target_step: int
     checkpoint_step: int | None = None
     message: str = ""
+    recorded: bool = False  # complete from a record: its metrics, no checkpoint
 
     @property
     def ok(self) -> bool:
@@ -87,7 +88,7 @@ def inspect_run(config: TrainConfig) -> RunStatus:
         return RunStatus("complete", target, latest)
     if latest is None and records.reaches(metrics, target):
         # A finished run's record (lp_jax.study.records): its metrics, no checkpoint.
-        return RunStatus("complete", target, message="recorded (its metrics, no checkpoint)")
+        return RunStatus("complete", target, recorded=True)
     if latest is not None:
         return RunStatus("partial", target, latest)
     return RunStatus("new", target)
@@ -180,6 +181,7 @@ def train(config: TrainConfig, name: str, say: Callable[[str], None] = print,
     log.close()
     after = inspect_run(config)
     if rc == 0 and after.state == "complete":
+        records.write_machine(run_dir)  # the code that trained its last steps
         say(f"[{name}] done in {_duration(time.monotonic() - started)}")
         return RunStatus("trained", status.target_step, after.checkpoint_step)
     reason = f"exit status {rc}" if rc else "ended before its target step"

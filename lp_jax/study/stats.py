@@ -107,8 +107,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.2f}%"
 
 
-def verdict(stats: Mapping, reference_label: str = "BF16") -> str:
-    """Words for a paired gap: a difference is claimed only where the interval excludes 0."""
+def verdict(stats: Mapping, reference_label: str = "BF16", detail: bool = True) -> str:
+    """Words for a paired gap: a difference is claimed only where the interval excludes 0.
+    ``detail``: with the interval and the number of seeds."""
     n, mean, ci = stats["n"], stats["mean"], stats["ci"]
     if n == 0:
         return "no paired seeds: nothing to compare"
@@ -117,21 +118,26 @@ def verdict(stats: Mapping, reference_label: str = "BF16") -> str:
                 f"run more seeds")
     interval = f"95% CI [{_pct(ci[0])}, {_pct(ci[1])}], {n} seeds"
     if ci[0] > 0:
-        return f"worse than {reference_label} by {_pct(mean)[1:]} ({interval})"
-    if ci[1] < 0:
-        return f"better than {reference_label} by {_pct(-mean)[1:]} ({interval})"
-    return f"no difference from {reference_label} detected (gap {_pct(mean)}, {interval})"
+        words, more = f"worse than {reference_label} by {_pct(mean)[1:]}", interval
+    elif ci[1] < 0:
+        words, more = f"better than {reference_label} by {_pct(-mean)[1:]}", interval
+    else:
+        words, more = f"no difference from {reference_label} detected", f"gap {_pct(mean)}, {interval}"
+    return f"{words} ({more})" if detail else words
 
 
-def target_verdict(stats: Mapping, cap: float) -> str:
-    """A target 'gap <= cap' is met only when the whole interval is below the cap."""
+def target_verdict(stats: Mapping, cap: float, detail: bool = True) -> str:
+    """A target 'gap <= cap' is met only when the whole interval is below the cap.
+    ``detail``: with the bound of the interval that decides it, else with the cap only."""
     if stats["n"] == 0:
         return "no data"
     if stats["ci"] is None:
         return f"undecided with one seed (gap {_pct(stats['mean'])}, target <= {_pct(cap)})"
-    upper = stats["ci"][1]
+    upper, lower = stats["ci"][1], stats["ci"][0]
     if upper <= cap:
-        return f"met: the 95% CI's upper bound {_pct(upper)} <= {_pct(cap)}"
-    if stats["ci"][0] > cap:
-        return f"missed: even the 95% CI's lower bound {_pct(stats['ci'][0])} > {_pct(cap)}"
-    return f"not shown: the 95% CI reaches {_pct(upper)} > {_pct(cap)}"
+        word, why = "met", f"the 95% CI's upper bound {_pct(upper)} <= {_pct(cap)}"
+    elif lower > cap:
+        word, why = "missed", f"even the 95% CI's lower bound {_pct(lower)} > {_pct(cap)}"
+    else:
+        word, why = "not shown", f"the 95% CI reaches {_pct(upper)} > {_pct(cap)}"
+    return f"{word}: {why}" if detail else f"{word} (<= {_pct(cap)})"

@@ -226,7 +226,7 @@ def _analyse(variant: Variant, config, status: runs.RunStatus, options: StudyOpt
     entry = {"variant": variant, "config": config, "status": status, "metrics": metrics,
              "summary": curves.summarize(metrics, status.target_step),
              "throughput": throughput.throughput(metrics), "memory": None, "eval": None,
-             "errors": {}}
+             "errors": {}, "machine": records.read_machine(config.run_dir)}
     if not heavy:
         return entry
     try:

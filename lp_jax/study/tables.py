@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lp_jax.study import throughput
-from lp_jax.study.memory_table import MEMORY_COLUMNS, MEMORY_METHOD, memory_rows
+from lp_jax.study.memory_table import MEMORY_METHOD, memory_columns, memory_rows
 
 
 def fmt(value, spec=".4f", missing="-"):
@@ -58,12 +58,9 @@ def table2(numbers) -> list[str]:
                      fmt(t["step_time_s"] and 1e3 * t["step_time_s"], ".1f"),
                      t["steps_timed"], t["compile_steps_dropped"]])
     return ["## Table 2: throughput", "",
-            "From each run's metrics.jsonl: tokens and model FLOPs (6N + 12 L H d T per token) "
-            f"over the summed step time, leaving out step 1 and any step over "
-            f"{throughput.COMPILE_FACTOR:g}x the median (compilations, including those of "
-            "resumed sessions). Runs are timed one after another: on a shared machine the "
-            "other jobs' load moves these numbers; on a CPU every format is emulated, so "
-            "the speed-ups say nothing about FP8/FP4 tensor cores.", "",
+            "From each run's metrics.jsonl, without step 1 and steps over "
+            f"{throughput.COMPILE_FACTOR:g}x the median (compilations). Other jobs on the "
+            "machine move these numbers; a CPU emulates every format.", "",
             table(["run", "tokens/s", "model TFLOP/s per device", "speed-up over BF16",
                     "mean step (ms)", "steps timed", "compile steps left out"], rows), ""]
 
@@ -72,5 +69,5 @@ def table3(numbers) -> list[str]:
     rows = memory_rows(numbers)
     if not rows:
         return []
-    return ["## Table 3: memory per component (MiB)", "", table(MEMORY_COLUMNS, rows), "",
+    return ["## Table 3: memory per component (MiB)", "", table(memory_columns(numbers), rows), "",
             MEMORY_METHOD, ""]
