@@ -11,7 +11,7 @@ gradients and the regression slope of one on the other (1.0: no scale bias; stoc
 rounding is unbiased, so NVFP4's slope should stay near 1 too).
 
 What it is for: telling a recipe that trains worse because its per-step gradients are
-worse from one that drifts for other reasons. docs/study.md reports it for the tiny study.
+worse from one that drifts for other reasons.
 """
 from __future__ import annotations
 
