@@ -73,7 +73,7 @@ class SwapReport:
         where = ("no layer container" if self.layer_container is None else
                  f"{'stacked ' if self.stacked_container else ''}container '{self.layer_container}'")
         lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers ({where}): "
-                 f"{len(self.quantized)} Linears run {self.recipe}, {len(self.bf16_by_policy)} kept in "
+                 f"{len(self.quantized)} GEMMs run {self.recipe}, {len(self.bf16_by_policy)} kept in "
                  f"BF16 by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
                  f"{len(self.not_selected)} not selected; GEMMs on {self.platform}: {gemms}"]
         groups = [(self.recipe, list(self.quantized)),
