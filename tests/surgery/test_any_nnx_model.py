@@ -162,7 +162,7 @@ def test_layer_policy_lands_on_the_right_blocks(recipe, expected):
 
 
 def _fold(indices):
-    from lp_jax.surgery.swap import _ranges
+    from lp_jax.surgery.report import _ranges
     return _ranges(indices)
 
 
