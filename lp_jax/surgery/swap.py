@@ -1,15 +1,19 @@
-"""apply_recipe: set the dot_general of the selected nnx.Linear modules, in place.
+"""apply_recipe: set the dot_general of the selected GEMM modules of any NNX model, in place.
 
-Selection: by default every ``nnx.Linear`` inside a transformer layer (an integer right after
-a ``layers`` path component: ``layers/3/attn/q_proj``), never the embedding or the LM head,
-whatever the rules say; ``include`` and ``exclude`` are regular expressions (or lists of
-them) searched in the '/'-joined path. Layers the recipe keeps in BF16 (FiLj,
-``bf16_layers``) and, unless ``fp32_weight_gradients=False``, the unselected Linears get
-lp_jax's BF16 GEMM, whose weight gradient is FP32 (docs/numerics.md); a user's own
-dot_general is left alone. Stacked layers get the policy per slice
-(``LayerPolicyDotGeneral``). Only static attributes change (``dot_general``,
-``promote_dtype``), so a checkpoint from one recipe loads into a model swapped to another;
-calling apply_recipe again replaces what the previous call set.
+GEMM modules: ``nnx.Linear``, ``nnx.LinearGeneral``, ``nnx.Einsum`` and modules with a
+``dot_general`` or ``einsum_op`` attribute (``lp_jax.surgery.gemm_modules``). Selection: by
+default every GEMM inside the model's layer container (found from its structure,
+``lp_jax.surgery.layer_container``: ``layers/3/attn/q_proj``, ``h/3/mlp/fc``), or every GEMM
+where the model has none; never the embedding or the LM head, whatever the rules say;
+``include`` and ``exclude`` are regular expressions (or lists of them) searched in the
+'/'-joined path. Layers the recipe keeps in BF16 (FiLj, ``bf16_layers``) and, unless
+``fp32_weight_gradients=False``, the unselected Flax GEMMs get lp_jax's BF16 GEMM, whose
+weight gradient is FP32 (docs/numerics.md); a user's own dot_general is left alone. Stacked
+layers get the policy per slice (``LayerPolicyDotGeneral``). Only static attributes change
+(``dot_general``, ``einsum_op``, ``promote_dtype``), so a checkpoint from one recipe loads
+into a model swapped to another; calling apply_recipe again replaces what the previous call
+set. Bad input (a rule matching no GEMM, nothing selected, a layer policy without layers, a
+GEMM lp_jax cannot run) is a one-line ValueError raised before anything is changed.
 """
 from __future__ import annotations
 
@@ -18,99 +22,19 @@ import re
 from typing import Protocol
 
 from flax import nnx
-from flax.nnx.nn import dtypes as nnx_dtypes
-from jax import lax
 
 from lp_jax.gemm import backends
-from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
+from lp_jax.surgery.gemm_modules import gemm_modules, is_default, problem, reset, set_gemm
+from lp_jax.surgery.layer_container import find_container
 from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
+# IN_LAYERS, LAYER_INDEX (lp_jax's Llama's layer paths) are imported from here by the
+# telemetry and the sensitivity study; SwapReport by lp_jax's public API.
+from lp_jax.surgery.report import IN_LAYERS, LAYER_INDEX, SwapReport  # noqa: F401
 
-LAYER_INDEX = re.compile(r"(?:^|/)layers/(\d+)(?:/|$)")
-IN_LAYERS = re.compile(r"(?:^|/)layers(?:/|$)")
 # Never quantized (embedding, LM head), whatever include says.
 NEVER = re.compile(r"(?:^|/)(?:embed\w*|lm_head|tok_embeddings|wte|output_head|head)(?:/|$)")
-
-
-@dataclasses.dataclass
-class SwapReport:
-    """What apply_recipe did: path -> recipe name, for every Linear it saw.
-
-    ``str(report)`` is a one-line summary followed by one line per group of Linears that got
-    the same GEMM (layer indices folded into ranges: ``layers/{0-3,6}/{q_proj, k_proj}``).
-    """
-
-    recipe: str
-    policy: str
-    num_layers: int
-    quantized: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> recipe
-    bf16_by_policy: list[str] = dataclasses.field(default_factory=list)
-    per_slice: dict[str, str] = dataclasses.field(default_factory=dict)  # stacked path -> policy
-    not_selected: list[str] = dataclasses.field(default_factory=list)
-    unmatched_rules: list[str] = dataclasses.field(default_factory=list)
-    # not selected, given lp_jax's BF16 GEMM for an FP32 weight gradient (the LM head)
-    fp32_weight_gradients: list[str] = dataclasses.field(default_factory=list)
-    # The GEMM backend each recipe used here runs on this process's platform
-    # (docs/backends.md): recipe class name -> backend; ``platform`` is cpu, cuda, ...
-    platform: str = ""
-    backends: dict[str, str] = dataclasses.field(default_factory=dict)
-    # From the layout: Linears that all-gather quantized weight bytes over fsdp, and those
-    # that reduce their tensor-parallel partial sums in BF16 (path -> "row" | "column").
-    gathered: list[str] = dataclasses.field(default_factory=list)
-    tensor_reduced: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def __str__(self) -> str:
-        gemms = ", ".join(f"{name} via {backend}" for name, backend in self.backends.items())
-        lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers: "
-                 f"{len(self.quantized)} Linears run {self.recipe}, {len(self.bf16_by_policy)} kept in "
-                 f"BF16 by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
-                 f"{len(self.not_selected)} not selected; GEMMs on {self.platform}: {gemms}"]
-        groups = [(self.recipe, list(self.quantized)),
-                  ("BF16 (layer policy)", self.bf16_by_policy),
-                  (f"{self.recipe}, per-slice policy {self.policy}", list(self.per_slice)),
-                  ("BF16, FP32 weight gradient (not selected)", self.fp32_weight_gradients),
-                  ("left as it was (not selected)",
-                   [p for p in self.not_selected if p not in set(self.fp32_weight_gradients)])]
-        for label, paths in groups:
-            if paths:
-                lines.append(f"  {label}: " + "; ".join(fold_layer_paths(paths)))
-        if self.unmatched_rules:
-            lines.append("  rules that matched nothing: " + ", ".join(self.unmatched_rules))
-        return "\n".join(lines)
-
-
-def _ranges(indices) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, run = [], []
-    for i in sorted(indices):
-        if run and i != run[-1] + 1:
-            out.append(run)
-            run = []
-        run.append(i)
-    out.append(run)
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out if r)
-
-
-def fold_layer_paths(paths) -> list[str]:
-    """Paths with the same layer indices and prefix folded into one entry:
-    layers/0/q, layers/0/k, layers/1/q, layers/1/k -> 'layers/{0-1}/{q, k}'."""
-    by_template: dict[tuple[str, str], list[int]] = {}
-    plain = []
-    for path in paths:
-        m = LAYER_INDEX.search(path)
-        if m is None:
-            plain.append(path)
-            continue
-        prefix, suffix = path[:m.start(1)], path[m.end(1):]
-        by_template.setdefault((prefix, suffix), []).append(int(m.group(1)))
-    by_indices: dict[tuple[str, tuple[int, ...]], list[str]] = {}
-    for (prefix, suffix), indices in by_template.items():
-        by_indices.setdefault((prefix, tuple(sorted(indices))), []).append(suffix.lstrip("/"))
-    folded = []
-    for (prefix, indices), suffixes in by_indices.items():
-        tail = suffixes[0] if len(suffixes) == 1 else "{" + ", ".join(suffixes) + "}"
-        folded.append(f"{prefix}{{{_ranges(indices)}}}/{tail}")
-    return folded + plain
 
 
 def _patterns(rules) -> list[str]:
@@ -119,18 +43,13 @@ def _patterns(rules) -> list[str]:
     return [rules] if isinstance(rules, str) else list(rules)
 
 
-def _linears(model):
-    for path, node in nnx.iter_graph(model):
-        if isinstance(node, nnx.Linear):
-            yield "/".join(map(str, path)), node
-
-
-def _placed(dg: LowPrecisionDotGeneral, path: str, linear: nnx.Linear, layout: Layout | None,
+def _placed(dg: LowPrecisionDotGeneral, path: str, module, kind: str, layout: Layout | None,
             report: SwapReport) -> LowPrecisionDotGeneral:
-    """``dg`` with the layout's weight gather and tensor reduction for this Linear."""
-    if layout is None:
+    """``dg`` with the layout's weight gather and tensor reduction for this Linear (the
+    trainer's layouts are for ``nnx.Linear`` kernels [in, out]; other kinds get none)."""
+    if layout is None or kind != "Linear":
         return dg
-    shape = linear.kernel.shape
+    shape = module.kernel.shape
     gather, reduce = layout.gather(path, shape, dg.recipe), layout.tensor_reduce(path, shape)
     if gather is not None:
         report.gathered.append(path)
@@ -139,11 +58,15 @@ def _placed(dg: LowPrecisionDotGeneral, path: str, linear: nnx.Linear, layout: L
     return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce, partly_manual=layout.partly_manual)
 
 
-def _reset(linear: nnx.Linear):
-    """Undoes an earlier apply_recipe on this Linear (a user's own dot_general is kept)."""
-    if isinstance(linear.dot_general, (LowPrecisionDotGeneral, LayerPolicyDotGeneral)):
-        linear.dot_general = lax.dot_general
-        linear.promote_dtype = nnx_dtypes.promote_dtype
+def _unmatched_rule_error(model, rule: str, which: str, gemms) -> ValueError:
+    """A rule that matches no GEMM: name what it does match (a Conv, say), or that it matches
+    nothing at all."""
+    others = [f"{'/'.join(map(str, path))} ({type(node).__name__})" for path, node in nnx.iter_graph(model)
+              if isinstance(node, nnx.Module) and path and re.search(rule, "/".join(map(str, path)))]
+    seen = (f"it matches only modules that hold no GEMM apply_recipe can swap: {', '.join(others[:4])}"
+            if others else f"the model's GEMMs are {', '.join(t for _, t, _, _ in gemms[:4]) or 'none'}"
+            + (", ..." if len(gemms) > 4 else ""))
+    return ValueError(f"apply_recipe: {which} rule {rule!r} matches no GEMM; {seen}")
 
 
 class Layout(Protocol):
@@ -162,14 +85,18 @@ class Layout(Protocol):
 
 def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
                  num_layers: int | None = None, fp32_weight_gradients: bool = True,
-                 layout: Layout | None = None) -> SwapReport:
-    """Swaps in ``recipe`` (a Recipe or a name) on the selected Linears of ``model``; the
-    unselected ones get lp_jax's BF16 GEMM (FP32 weight gradients) unless
-    ``fp32_weight_gradients=False``, which leaves them on ``lax.dot_general``.
+                 layout: Layout | None = None, layers: str | None = None) -> SwapReport:
+    """Swaps in ``recipe`` (a Recipe or a name) on the selected GEMMs of ``model`` (any
+    ``nnx.Module``: its nnx.Linear, nnx.LinearGeneral, nnx.Einsum and modules with a
+    ``dot_general`` or ``einsum_op``); the unselected Flax ones get lp_jax's BF16 GEMM (FP32
+    weight gradients) unless ``fp32_weight_gradients=False``, which leaves them as they are.
 
-    ``layout`` (the trainer's mesh) decides, in the same pass, which of those GEMMs gather
+    ``layers`` names the container of the repeated blocks ('/'-joined path, e.g. "h" or
+    "transformer/blocks") where finding it from the structure is ambiguous or wrong.
+    ``layout`` (the trainer's mesh) decides, in the same pass, which nnx.Linear GEMMs gather
     quantized weight bytes under FSDP and which reduce tensor-parallel sums in BF16; without
-    one, none does."""
+    one, none does. Every check runs before the model is changed: a ValueError leaves it as
+    it was."""
     if isinstance(recipe, str):
         recipe = get_recipe(recipe)
     if layout is not None and layout.partitioned and recipe.quantize_impl == "auto":
@@ -177,51 +104,77 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         # given): where the GEMMs see arrays the partitioner splits, "auto" keeps XLA's.
         recipe = dataclasses.replace(recipe, quantize_impl="xla")
     includes, excludes = _patterns(include), _patterns(exclude)
-    used = {p: False for p in includes + excludes}
-    linears = list(_linears(model))
-    indices = [int(m.group(1)) for path, _ in linears if (m := LAYER_INDEX.search(path))]
-    stacked_depths = [lin.kernel.shape[0] for path, lin in linears
-                      if IN_LAYERS.search(path) and not LAYER_INDEX.search(path) and lin.kernel.ndim > 2]
+    gemms = list(gemm_modules(model))
+    for which, rules in (("include", includes), ("exclude", excludes)):
+        for rule in rules:
+            if not any(re.search(rule, text) for _, text, _, _ in gemms):
+                raise _unmatched_rule_error(model, rule, which, gemms)
+    container = find_container(gemms, layers)
     if num_layers is None:
-        num_layers = max(indices) + 1 if indices else max(stacked_depths, default=0)
+        num_layers = container.num_layers if container is not None else 0
+    policy_needs_layers = recipe.first_bf16_layers or recipe.last_bf16_layers or recipe.bf16_layers
+    if container is None and policy_needs_layers and recipe.quantized:
+        raise ValueError(f"layer policy {recipe.policy} needs the model's layers, but apply_recipe found no "
+                         f"layer container among {len(gemms)} GEMMs: name it with layers=, or use "
+                         "policy='F0L0'")
     if recipe.first_bf16_layers + recipe.last_bf16_layers > num_layers and recipe.quantized:
         raise ValueError(f"layer policy {recipe.policy} keeps more layers in BF16 than the model has "
                          f"({num_layers})")
     beyond = [i for i in recipe.bf16_layers if i >= num_layers]
     if beyond and recipe.quantized:
         raise ValueError(f"bf16_layers {beyond} are not layers of this model (it has {num_layers})")
-    bf16 = BF16(backend=recipe.backend)
-    report = SwapReport(type(recipe).__name__, recipe.policy, num_layers)
-    for path, linear in linears:
-        selected = any(re.search(p, path) for p in includes) if includes else bool(IN_LAYERS.search(path))
-        for p in includes + excludes:
-            used[p] = used[p] or bool(re.search(p, path))
+
+    # Decide every GEMM's fate first: nothing changes unless all of it can be done.
+    chosen, left, problems = [], [], []
+    for keys, path, module, kind in gemms:
+        if container is None:
+            default = True
+        else:
+            default = path in container.index or path in container.members
+        selected = any(re.search(p, path) for p in includes) if includes else default
         if any(re.search(p, path) for p in excludes) or NEVER.search(path) or not selected:
-            _reset(linear)
-            report.not_selected.append(path)
-            if fp32_weight_gradients and linear.dot_general is lax.dot_general:
-                linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
-                linear.promote_dtype = KeepKernelDtype()
-                report.fp32_weight_gradients.append(path)
-            continue
-        linear.promote_dtype = KeepKernelDtype()
-        m = LAYER_INDEX.search(path)
-        if m is None and linear.kernel.ndim > 2:
-            linear.dot_general = LayerPolicyDotGeneral(recipe, num_layers,
-                                                       partly_manual=layout is not None and layout.partly_manual)
+            left.append((path, module, kind))
+        elif bad := problem(module, kind):
+            problems.append(f"{path}: {bad}")
+        else:
+            chosen.append((path, module, kind))
+    if problems:
+        raise ValueError(f"apply_recipe cannot quantize {len(problems)} selected GEMMs (exclude them): "
+                         + "; ".join(problems))
+    if not chosen:
+        seen = ", ".join(f"{t} ({k})" for _, t, _, k in gemms[:6]) + (", ..." if len(gemms) > 6 else "")
+        rules = "".join(f", {name}={r}" for name, r in (("include", include), ("exclude", exclude)) if r)
+        raise ValueError(f"apply_recipe selected no GEMM to run {recipe.name}: saw {len(gemms)} GEMMs"
+                         f"{' (' + seen + ')' if gemms else ''}{rules}; the embedding and the LM head are "
+                         "never selected")
+
+    bf16 = BF16(backend=recipe.backend)
+    report = SwapReport(type(recipe).__name__, recipe.policy, num_layers,
+                        layer_container=container.path if container is not None else None,
+                        stacked_container=container is not None and container.stacked)
+    for path, module, kind in left:
+        reset(module, kind)
+        report.not_selected.append(path)
+        if fp32_weight_gradients and is_default(module, kind) and problem(module, kind) is None:
+            set_gemm(module, kind, _placed(LowPrecisionDotGeneral(bf16), path, module, kind, layout, report))
+            report.fp32_weight_gradients.append(path)
+    partly_manual = layout is not None and layout.partly_manual
+    for path, module, kind in chosen:
+        layer = container.index.get(path) if container is not None else None
+        if container is not None and container.stacked and path in container.members:
+            set_gemm(module, kind, LayerPolicyDotGeneral(recipe, num_layers, partly_manual=partly_manual))
             report.per_slice[path] = recipe.policy
-        elif m is not None and recipe.layer_is_bf16(int(m.group(1)), num_layers):
-            linear.dot_general = _placed(LowPrecisionDotGeneral(bf16), path, linear, layout, report)
+        elif layer is not None and recipe.layer_is_bf16(layer, num_layers):
+            set_gemm(module, kind, _placed(LowPrecisionDotGeneral(bf16), path, module, kind, layout, report))
             report.bf16_by_policy.append(path)
         else:
-            linear.dot_general = _placed(LowPrecisionDotGeneral(recipe), path, linear, layout, report)
+            set_gemm(module, kind, _placed(LowPrecisionDotGeneral(recipe), path, module, kind, layout, report))
             report.quantized[path] = type(recipe).__name__
-    report.unmatched_rules = [p for p, hit in used.items() if not hit]
     report.platform = backends.current_platform()
     used_recipes = [recipe] if report.quantized or report.per_slice else []
     if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
         used_recipes.append(bf16)
     for r in used_recipes:
-        report.backends.setdefault(type(r).__name__, backends.backend_on(
-            r, report.platform, partly_manual=layout is not None and layout.partly_manual))
+        report.backends.setdefault(type(r).__name__, backends.backend_on(r, report.platform,
+                                                                         partly_manual=partly_manual))
     return report

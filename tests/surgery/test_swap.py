@@ -93,12 +93,14 @@ def test_reapplying_replaces_and_bf16_restores_outputs():
     assert model.layers[0].up_proj.dot_general == lp.dot_general("nvfp4")
 
 
-def test_include_exclude_and_unmatched_rules_reported():
+def test_include_exclude_and_unmatched_rules_refused():
     model = Toy()
-    report = lp.apply_recipe(model, "mxfp8", include=["up_proj", "nothing_here"], exclude="layers/0/")
+    report = lp.apply_recipe(model, "mxfp8", include=["up_proj"], exclude="layers/0/")
     assert set(report.quantized) == {f"layers/{i}/up_proj" for i in range(1, 6)}
-    assert report.unmatched_rules == ["nothing_here"]
-    assert "nothing_here" in str(report)
+    # a rule that matches no GEMM is an error, and the model keeps what it had
+    with pytest.raises(ValueError, match="include rule 'nothing_here' matches no GEMM"):
+        lp.apply_recipe(model, "nvfp4", include=["up_proj", "nothing_here"], exclude="layers/0/")
+    assert model.layers[1].up_proj.dot_general == lp.dot_general("mxfp8")
 
 
 def test_policy_larger_than_model_is_an_error():
