@@ -1,7 +1,9 @@
 """The model registry (lp_jax.model_registry): model.type=llama builds the same Llama as
 before, an unknown type is one line, and a family registered here (a small NNX model that is
 not Llama) trains through the trainer in BF16 and in NVFP4 with its last layer in BF16."""
+import inspect
 import os
+import pathlib
 import sysconfig
 
 import jax
@@ -166,3 +168,10 @@ def test_registered_family_trains_through_the_trainer(recipe, tmp_path, token_ca
         assert report.num_layers == 4 and plan.phases[0].recipe.policy == "F0L1"
         assert set(report.quantized) == {f"layers/{i}/{n}" for i in range(3) for n in ("up", "down")}
         assert "BF16 (layer policy): layers/{3}/{down, up}" in str(report), str(report)
+
+
+def test_docs_example_is_this_family():
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "your_model.md").read_text()
+    section = doc[doc.index("## Registering a model family"):]
+    for part in (Block, MeanMixer, MeanMixerFamily):
+        assert inspect.getsource(part) in section, f"docs/your_model.md differs from {part.__name__}"
