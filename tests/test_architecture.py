@@ -25,6 +25,7 @@ STACK = (
     ("gemm", ("lp_jax.gemm",)),
     ("surgery and the public API", ("lp_jax.surgery", "lp_jax")),
     ("models", ("models",)),
+    ("model registry", ("lp_jax.model_registry",)),
     ("config", ("lp_jax.config",)),
     ("parallel", ("lp_jax.parallel",)),
     ("data", ("lp_jax.data",)),

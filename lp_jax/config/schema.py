@@ -127,8 +127,13 @@ class PrecisionSwitch(PrecisionConfig):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The Llama model: a preset of models.llama, with any of its fields overridden."""
+    """The model: a registered family (``model.type``) built from a preset of
+    models.config, with any of its fields overridden."""
 
+    # The model family (lp_jax.model_registry): llama (models.llama) or a name given to
+    # register_model_family (docs/your_model.md). Every family builds from the architecture
+    # of the keys below.
+    type: str = "llama"
     # tiny | llama3_125m | llama3_1b | llama3_8b | research_8b
     preset: str = "tiny"
     # None keeps the preset's value. vocab_size None: the tokenizer's size rounded up to a
@@ -175,7 +180,7 @@ class ModelConfig:
 
     def overrides(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name != "preset" and getattr(self, f.name) is not None}
+                if f.name not in ("type", "preset") and getattr(self, f.name) is not None}
 
 
 @dataclasses.dataclass(frozen=True)

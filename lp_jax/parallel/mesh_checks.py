@@ -10,9 +10,9 @@ from flax import nnx
 import lp_jax
 from lp_jax.errors import UserError
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
+from lp_jax.model_registry import build_model
 from lp_jax.parallel.partitioning import ACTIVATION_RULES, logical_axes, param_spec
 from lp_jax.parallel.shard_checks import BlockStraddleError, LinearSplits, Split, check_linear
-from models import llama
 
 
 def _split(size: int, entry, mesh_shape: dict[str, int]):
@@ -55,13 +55,14 @@ def check_heads(model_config, tensor: int) -> None:
 
 
 def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_size: int,
-                 seq_len: int) -> None:
-    """UserError if any recipe would split a quantization block across the mesh."""
+                 seq_len: int, model_type: str = "llama") -> None:
+    """UserError if any recipe would split a quantization block across the mesh, for the
+    model of ``model_type`` (lp_jax.model_registry) built from ``model_config``."""
     if all(v == 1 for v in mesh_shape.values()):
         return
 
 
-    model = nnx.eval_shape(lambda: llama.Llama(model_config, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: build_model(model_type, model_config, nnx.Rngs(0)))
     tokens = micro_batch_size * mesh_shape["data"] * mesh_shape["fsdp"] * seq_len
     for recipe in recipes:
         if not recipe.quantized:

@@ -20,6 +20,7 @@ import lp_jax
 from lp_jax.errors import UserError
 from lp_jax.kernels.cuda_target import cuda_target
 from lp_jax.kernels.launch import compiled_kernels
+from lp_jax.model_registry import build_model
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.parallel.partitioning import batch_sharding
@@ -29,7 +30,6 @@ from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import StepSpec, jitted_train_step
 from lp_jax.training.validate import ValidatedRun
-from models import llama
 
 BATCH_KEYS = (("tokens", jnp.int32), ("targets", jnp.int32), ("segment_ids", jnp.int32),
               ("positions", jnp.int32), ("loss_mask", jnp.bool_))
@@ -87,7 +87,7 @@ def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, devices=topology_devices(gpu, count))
     spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
-    model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed)))
+    model = nnx.eval_shape(lambda: build_model(cfg.model.type, plan.model_config, nnx.Rngs(cfg.seed)))
     lp_jax.apply_recipe(model, plan.phases[0].recipe,
                         layout=LinearLayout(dict(mesh.shape), cfg.mesh.tp_reduce_dtype))
     graphdef, params, rest = split_model(model)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 
+from lp_jax.model_registry import flops_per_token
 from lp_jax.plan.compile_step import CompiledStep
 from lp_jax.plan.gpus import GPU
 from lp_jax.plan.hlo_module import DTYPE_BYTES, Module, arrays
 from lp_jax.plan.kernels import kernels
 from lp_jax.plan.roofline import estimate
 from lp_jax.training.validate import ValidatedRun
-from models.config import flops_per_token
 
 LARGEST_BUFFERS = 5
 
@@ -24,7 +24,7 @@ def row(plan: ValidatedRun, gpu: GPU, count: int, step: CompiledStep) -> dict:
     module = Module.parse(step.text)
     est = estimate(kernels(module, count), gpu, count)
     cfg = plan.config
-    model_flops = flops_per_token(plan.model_config, cfg.data.seq_len) * step.tokens_per_step / count
+    model_flops = flops_per_token(cfg.model.type, plan.model_config, cfg.data.seq_len) * step.tokens_per_step / count
     recipe = plan.phases[0].recipe
     out = {
         "recipe": cfg.precision.recipe, "policy": recipe.policy,

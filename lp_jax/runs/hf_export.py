@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+from lp_jax import model_registry
 from lp_jax.data.tokenizers import get_tokenizer, write_tokenizer_files
 from lp_jax.errors import UserError, one_line
 from lp_jax.runs.run_folder import SavedRun, open_and_restore
@@ -30,6 +31,7 @@ def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
     """Writes the run's checkpoint at `step` (default: the newest that restores) to `hf_dir`."""
     check_output(hf_dir, "hf_dir", replaces_exports=True)
     saved, model = open_and_restore(source, step)
+    model_registry.check_hf_checkpoints(saved.config.model.type, source)
     data = saved.config.data
     tokenizer = None if data.source == "mock" else data.tokenizer  # mock tokens have none
     if tokenizer is not None:

@@ -20,6 +20,7 @@ from flax.nnx import traversals
 
 from lp_jax.config.schema import TrainConfig
 from lp_jax.data.tokenizers import get_tokenizer
+from lp_jax import model_registry
 from lp_jax.errors import UserError
 from lp_jax.runs.run_folder import checkpoint_folder, open_and_restore, open_run, split_step
 from models.config import SHAPE_FIELDS
@@ -44,6 +45,9 @@ def model_config(c: TrainConfig, tokenizer):
     checked against the weights and the run's tokenizer (UserError, one line)."""
     if c.init.hf and c.init.checkpoint:
         raise UserError("init.hf and init.checkpoint are both set; choose one source of weights")
+    model_registry.model_family(c.model.type)  # UserError for a type not registered
+    if c.init.hf:
+        model_registry.check_hf_checkpoints(c.model.type, f"init.hf={c.init.hf}")
     resumed = _own_checkpoint(c)
     if resumed is not None:  # the source was read when the run started and may be gone since
         return _with_overrides(resumed.model_config, c, f"the run's checkpoint {resumed.step}")
@@ -51,7 +55,7 @@ def model_config(c: TrainConfig, tokenizer):
     if c.init.hf:
         source, source_tokenizer = _hf_source(c.init.hf, key)
     else:
-        source, source_tokenizer = _run_source(c.init.checkpoint, key)
+        source, source_tokenizer = _run_source(c.init.checkpoint, key, c.model.type)
     cfg = _with_overrides(source, c, key)
     if tokenizer is not None:
         _check_vocabulary(cfg, tokenizer, source_tokenizer, key)
@@ -87,11 +91,14 @@ def _hf_source(path: str, key: str):
     return cfg, (f"hf:{tokenizer_file}" if os.path.isfile(tokenizer_file) else None)
 
 
-def _run_source(spec: str, key: str):
+def _run_source(spec: str, key: str, model_type: str):
     try:
         saved = open_run(*split_step(spec))
     except UserError as e:
         raise UserError(f"{key}: {e}") from None
+    if saved.config.model.type != model_type:
+        raise UserError(f"{key}: its weights are model.type={saved.config.model.type!r}, "
+                        f"the run's is {model_type!r}")
     source_tokenizer = None if saved.config.data.source == "mock" else saved.config.data.tokenizer
     return saved.model_config, source_tokenizer
 

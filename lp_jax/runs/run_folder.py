@@ -23,11 +23,11 @@ from flax import nnx
 from lp_jax.config.schema import TrainConfig
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.errors import UserError, one_line
+from lp_jax.model_registry import build_model
 from lp_jax.runs.architecture import preset_model_config, run_tokenizer
 from lp_jax.runs.checkpoint import newest_that_restores
 from lp_jax.runs.model_state import restore_model_state
 from models.config import LlamaConfig, architecture, config_from_dict
-from models.llama import Llama
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ def restore_model(saved: SavedRun, compute_dtype=None, architecture_only: bool =
     dtype = jnp.dtype(compute_dtype or jnp.float32)
     cfg = (architecture(saved.model_config, dtype=dtype, param_dtype=jnp.float32) if architecture_only
            else saved.model_config.replace(dtype=dtype))
-    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: build_model(saved.config.model.type, cfg, nnx.Rngs(0)))
     try:
         model, _ = restore_model_state(abstract, saved.checkpoint_dir, saved.step)
     except (UserError, ValueError) as e:

@@ -17,13 +17,13 @@ from jax._src.ad_checkpoint import saved_residuals  # what print_saved_residuals
 
 import lp_jax
 from lp_jax.config.schema import TrainConfig
+from lp_jax.model_registry import build_model
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.parallel.partitioning import batch_sharding
 from lp_jax.training.optimizer import OptimizerSpec, make_optimizer
 from lp_jax.training.state import abstract_state, split_model
 from lp_jax.training.step import StepSpec, forward_nll, jitted_train_step
 from lp_jax.training.validate import resolve
-from models import llama
 
 
 def dtype_bits(dtype) -> int:
@@ -117,7 +117,7 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     """Bytes per component for one run config (nothing is allocated; `xla` compiles)."""
 
     plan = resolve(config)
-    model = nnx.eval_shape(lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(config.seed)))
+    model = nnx.eval_shape(lambda: build_model(config.model.type, plan.model_config, nnx.Rngs(config.seed)))
     swap = lp_jax.apply_recipe(model, plan.phases[0].recipe)
     graphdef, params, rest = split_model(model)
     tx = make_optimizer(OptimizerSpec.from_config(config))

@@ -8,8 +8,9 @@ stacked layout, the per-layer masters are never materialized inside it, and the 
 are unstacked once after it. Same arithmetic: only where the copy is made changes.
 
 The model says which runs it scans (``scanned_runs()``, layers under ``layers/<i>``) and
-builds the stacks (``layer_param_stacks()``); it reads them as ``model(..., layer_stacks=)``.
-A model without those methods, or that scans nothing, is differentiated as it is.
+builds the stacks (``layer_param_stacks()``); it reads them as ``model(..., layer_stacks=)``
+(the optional hooks of ``lp_jax.model_registry.ScannedLayers``). A model without those
+methods, or that scans nothing, is differentiated as it is.
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 import lp_jax
+from lp_jax import model_registry
 from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
 from lp_jax.errors import RunStoppedError, UserError
@@ -38,7 +39,7 @@ from lp_jax.training.state_memory import check_state_fits, out_of_memory
 from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.stop_signal import StopSignal
 from lp_jax.training.validate import Phase, ValidatedRun, checkpoint_dir, model_shape_changes
-from models import llama
+from models.config import config_to_dict
 
 
 class NonFiniteLossError(RunStoppedError):
@@ -138,7 +139,7 @@ def build(plan: ValidatedRun) -> _Run:
                                                cfg.logging.val_batches, rows=rows)
 
     def build_model():
-        return llama.Llama(plan.model_config, rngs=nnx.Rngs(cfg.seed))
+        return model_registry.build_model(cfg.model.type, plan.model_config, nnx.Rngs(cfg.seed))
 
     # The state tree does not depend on the recipe, so the restore target is built before
     # the resumed step (and so its recipe) is known.
@@ -360,7 +361,7 @@ def _train_one_step(r: _Run, step: int) -> dict:
     seconds = time.perf_counter() - t0
     _guard_nonfinite(r, step, m)
     tokens_per_step = cfg.data.global_batch_size * cfg.data.seq_len
-    flops = metrics_lib.flops_per_token(r.plan.model_config, cfg.data.seq_len) * tokens_per_step
+    flops = model_registry.flops_per_token(cfg.model.type, r.plan.model_config, cfg.data.seq_len) * tokens_per_step
     tflops = flops / seconds / jax.device_count() / 1e12
     values = {"loss": float(m["loss"]), "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
               "tokens_per_sec": tokens_per_step / seconds, "tflops_per_device": tflops,
@@ -423,7 +424,7 @@ def _save(r: _Run, step: int) -> None:
         to_save = jax.tree.map(jnp.copy, r.state)
     r.ckpt.save(step, to_save, r.train_it, {"config": to_dict(r.plan.config),
                                             "recipe": r.plan.phase_at(step).name,
-                                            "model": llama.config_to_dict(r.plan.model_config),
+                                            "model": config_to_dict(r.plan.model_config),
                                             "jax": jax.__version__})
     r.saved_step = step
 

@@ -106,7 +106,7 @@ def resolve(config: TrainConfig, device_count: int | None = None,
     mesh_checks.check_heads(model_config, tensor)
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
                              {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
-                             config.data.micro_batch_size, config.data.seq_len)
+                             config.data.micro_batch_size, config.data.seq_len, config.model.type)
     if check_files:
         _check_data(config)
         _check_run_folders(config)
@@ -115,13 +115,18 @@ def resolve(config: TrainConfig, device_count: int | None = None,
 
 
 def model_shape_changes(saved: dict, plan: ValidatedRun) -> list[str]:
-    """``model.<field> (checkpoint A, now B)`` for each field of SHAPE_FIELDS in which the
-    model of a saved config (a checkpoint's) differs from the plan's, both resolved the
-    same way, so that a preset's value and the same value written out compare equal.
-    [] when the saved config no longer resolves (a removed key or preset): the restore
-    then decides."""
+    """``model.<field> (checkpoint A, now B)`` for ``model.type`` and each field of
+    SHAPE_FIELDS in which the model of a saved config (a checkpoint's) differs from the
+    plan's, both resolved the same way, so that a preset's value and the same value written
+    out compare equal. [] when the saved config no longer resolves (a removed key or
+    preset): the restore then decides."""
     try:
         config = from_dict(TrainConfig, saved)
+    except (UserError, TypeError, ValueError):
+        return []
+    if config.model.type != plan.config.model.type:
+        return [f"model.type (checkpoint {config.model.type}, now {plan.config.model.type})"]
+    try:
         same_tokens = (config.data.source, config.data.tokenizer) == (
             plan.config.data.source, plan.config.data.tokenizer)
         saved_model = _model_config(config, plan.tokenizer if same_tokens else run_tokenizer(config))
