@@ -2,9 +2,7 @@
 before, an unknown type is one line, and a family registered here (a small NNX model that is
 not Llama) trains through the trainer in BF16 and in NVFP4 with its last layer in BF16."""
 import inspect
-import os
 import pathlib
-import sysconfig
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +13,7 @@ from flax import nnx
 import lp_jax
 from lp_jax import model_registry
 from lp_jax.config.schema import TrainConfig
-from lp_jax.config.yaml_io import from_dict, load_config, to_dict
+from lp_jax.config.yaml_io import from_dict, to_dict
 from lp_jax.errors import UserError
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.model_registry import ModelFamily, register_model_family, unregister_model_family
@@ -26,8 +24,8 @@ from lp_jax.training.state import abstract_state, init_state, place_batch, split
 from lp_jax.training.step import StepSpec, train_step
 from lp_jax.training.validate import model_shape_changes, resolve
 from models import llama
+from tests.training.test_training_loop import tiny as tiny_run
 
-TEXT = [os.path.join(sysconfig.get_paths()["stdlib"], p) for p in ("json/*.py", "email/*.py")]
 
 
 # The family docs/your_model.md registers ("Registering a model family"): keep the two the same.
@@ -79,13 +77,10 @@ def mean_mixer():
 
 
 def tiny(run_dir, cache, *overrides):
-    return load_config(None, [
-        f"run_dir={run_dir}", "steps=8", "seed=3", "model.preset=tiny",
-        f"data.paths={TEXT}", "data.val_fraction=0.2", f"data.cache_dir={cache}",
-        "data.seq_len=64", "data.global_batch_size=4", "data.micro_batch_size=4",
-        "schedule.peak_lr=3e-3", "schedule.min_lr=3e-4", "schedule.warmup_steps=2",
-        "checkpoint.every=8", "checkpoint.keep=1", "logging.val_every=100", "logging.val_batches=0",
-        "logging.progress_bar=false", "logging.tensorboard=false", *overrides])
+    """test_training_loop's tiny run, shortened to 8 steps of one micro-batch, one checkpoint."""
+    return tiny_run(run_dir, cache, "steps=8", "data.micro_batch_size=4", "schedule.warmup_steps=2",
+                    "checkpoint.every=8", "checkpoint.keep=1", "logging.val_every=100",
+                    "logging.val_batches=0", *overrides)
 
 
 def test_default_type_is_llama_and_old_configs_load_as_it():
