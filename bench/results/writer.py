@@ -2,38 +2,23 @@
 adds the commit and the JAX version it ran at."""
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 from bench.results.records import NAME, RecordError, record_path, validate
+from lp_jax.study.provenance import jax_version, source_commit
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def current_commit(root: pathlib.Path = ROOT) -> str:
-    """`git rev-parse --short HEAD`, with `-dirty` when tracked files have uncommitted
-    changes: a figure measured on an edited tree is not the commit's figure."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
-    try:
-        commit = git("rev-parse", "--short", "HEAD").strip()
-        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RecordError(f"cannot read the commit of {root}: {e}") from None
-    return commit + ("-dirty" if dirty else "")
-
-
-def jax_version() -> str | None:
-    if "jax" in sys.modules:  # the JAX that ran the measurement, if it is loaded
-        return sys.modules["jax"].__version__
-    try:
-        return importlib.metadata.version("jax")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The commit a record is measured at, `-dirty` for an edited tree (a figure measured
+    there is not the commit's figure)."""
+    commit = source_commit(root)
+    if commit is None:
+        raise RecordError(f"cannot read the commit of {root}: not a git checkout")
+    return commit
 
 
 def machine() -> str:
