@@ -1,7 +1,8 @@
 """lp_jax: low-precision (BF16, FP8-CS, MXFP8, NVFP4) training for Flax NNX models.
 
 Quantizers: quantize, dequantize, hadamard, QuantizedTensor.
-Training GEMMs: get_recipe (and the recipe classes), dot_general, apply_recipe.
+Training GEMMs: get_recipe (and the recipe classes), dot_general, apply_recipe (NNX),
+apply_recipe_linen and linen_report (Linen).
 
 The names load on first use (``lp_jax.lazy_exports``), so importing a submodule does not start
 JAX; docs/architecture.md draws the stack below them.
@@ -19,6 +20,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "lp_jax.quantizer": ("quantize",),
     "lp_jax.recipes": ("BF16", "RECIPES", "Float8BlockScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
                        "NVFP4BlockScaling", "OperandSpec", "Recipe", "get_recipe"),
+    "lp_jax.surgery.linen": ("apply_recipe_linen", "linen_report"),
     "lp_jax.surgery.swap": ("SwapReport", "apply_recipe"),
 }, globals())
 
@@ -38,4 +40,5 @@ if TYPE_CHECKING:
         Recipe,
         get_recipe,
     )
+    from lp_jax.surgery.linen import apply_recipe_linen, linen_report
     from lp_jax.surgery.swap import SwapReport, apply_recipe

@@ -235,14 +235,16 @@ def dot_general(recipe: Recipe | str, **overrides) -> LowPrecisionDotGeneral:
 
 @dataclasses.dataclass(frozen=True)
 class KeepKernelDtype:
-    """``promote_dtype`` for nnx.Linear that casts inputs and bias but not the kernel.
+    """``promote_dtype`` for Flax's Linear, LinearGeneral and Einsum (NNX) and Dense,
+    DenseGeneral and Einsum (Linen) that casts inputs and bias but not the kernel.
 
     The FP32 kernel then reaches the quantized dot_general, which casts it to BF16 itself,
     so the weight gradient stays FP32 instead of being rounded to BF16 on the way back.
+    NNX passes the arrays as one tuple, Linen one by one: both are accepted.
     """
 
-    def __call__(self, args, dtype=None, inexact=True):
-        inputs, kernel, bias = args
+    def __call__(self, *args, dtype=None, inexact=True):
+        inputs, kernel, bias = args[0] if len(args) == 1 else args
         if dtype is not None:
             inputs = inputs.astype(dtype) if inputs is not None else None
             bias = bias.astype(dtype) if bias is not None else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from lp_jax.gemm import backends
+
 # lp_jax's Llama's layers (the telemetry and the sensitivity study read these paths).
 LAYER_INDEX = re.compile(r"(?:^|/)layers/(\d+)(?:/|$)")
 IN_LAYERS = re.compile(r"(?:^|/)layers(?:/|$)")
@@ -101,3 +103,14 @@ def fold_layer_paths(paths, pattern: re.Pattern | None = LAYER_INDEX) -> list[st
         tail = suffixes[0] if len(suffixes) == 1 else "{" + ", ".join(suffixes) + "}"
         folded.append(f"{prefix}{{{_ranges(indices)}}}/{tail}")
     return folded + plain
+
+
+def record_backends(report: SwapReport, recipe, bf16, partly_manual: bool = False) -> None:
+    """Fills ``report.platform`` and the GEMM backend of each recipe the swap used."""
+    report.platform = backends.current_platform()
+    used_recipes = [recipe] if report.quantized or report.per_slice else []
+    if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
+        used_recipes.append(bf16)
+    for r in used_recipes:
+        report.backends.setdefault(type(r).__name__, backends.backend_on(r, report.platform,
+                                                                         partly_manual=partly_manual))

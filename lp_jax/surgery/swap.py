@@ -23,25 +23,14 @@ from typing import Protocol
 
 from flax import nnx
 
-from lp_jax.gemm import backends
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
 from lp_jax.surgery.gemm_modules import gemm_modules, is_default, problem, reset, set_gemm
-from lp_jax.surgery.layer_container import find_container
+from lp_jax.surgery.selection import NEVER, select  # noqa: F401 (NEVER: read by the telemetry)
 from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 # IN_LAYERS, LAYER_INDEX (lp_jax's Llama's layer paths) are imported from here by the
 # telemetry and the sensitivity study; SwapReport by lp_jax's public API.
-from lp_jax.surgery.report import IN_LAYERS, LAYER_INDEX, SwapReport  # noqa: F401
-
-# Never quantized (embedding, LM head), whatever include says.
-NEVER = re.compile(r"(?:^|/)(?:embed\w*|lm_head|tok_embeddings|wte|output_head|head)(?:/|$)")
-
-
-def _patterns(rules) -> list[str]:
-    if rules is None:
-        return []
-    return [rules] if isinstance(rules, str) else list(rules)
-
+from lp_jax.surgery.report import IN_LAYERS, LAYER_INDEX, SwapReport, record_backends  # noqa: F401
 
 def _placed(dg: LowPrecisionDotGeneral, path: str, module, kind: str, layout: Layout | None,
             report: SwapReport) -> LowPrecisionDotGeneral:
@@ -56,17 +45,6 @@ def _placed(dg: LowPrecisionDotGeneral, path: str, module, kind: str, layout: La
     if reduce is not None:
         report.tensor_reduced[path] = reduce
     return dataclasses.replace(dg, gather=gather, tensor_reduce=reduce, partly_manual=layout.partly_manual)
-
-
-def _unmatched_rule_error(model, rule: str, which: str, gemms) -> ValueError:
-    """A rule that matches no GEMM: name what it does match (a Conv, say), or that it matches
-    nothing at all."""
-    others = [f"{'/'.join(map(str, path))} ({type(node).__name__})" for path, node in nnx.iter_graph(model)
-              if isinstance(node, nnx.Module) and path and re.search(rule, "/".join(map(str, path)))]
-    seen = (f"it matches only modules that hold no GEMM apply_recipe can swap: {', '.join(others[:4])}"
-            if others else f"the model's GEMMs are {', '.join(t for _, t, _, _ in gemms[:4]) or 'none'}"
-            + (", ..." if len(gemms) > 4 else ""))
-    return ValueError(f"apply_recipe: {which} rule {rule!r} matches no GEMM; {seen}")
 
 
 class Layout(Protocol):
@@ -103,78 +81,36 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         # The Pallas quantizers bring no partitioning rule (their amax is over what they are
         # given): where the GEMMs see arrays the partitioner splits, "auto" keeps XLA's.
         recipe = dataclasses.replace(recipe, quantize_impl="xla")
-    includes, excludes = _patterns(include), _patterns(exclude)
     gemms = list(gemm_modules(model))
-    for which, rules in (("include", includes), ("exclude", excludes)):
-        for rule in rules:
-            if not any(re.search(rule, text) for _, text, _, _ in gemms):
-                raise _unmatched_rule_error(model, rule, which, gemms)
-    container = find_container(gemms, layers)
-    if num_layers is None:
-        num_layers = container.num_layers if container is not None else 0
-    policy_needs_layers = recipe.first_bf16_layers or recipe.last_bf16_layers or recipe.bf16_layers
-    if container is None and policy_needs_layers and recipe.quantized:
-        raise ValueError(f"layer policy {recipe.policy} needs the model's layers, but apply_recipe found no "
-                         f"layer container among {len(gemms)} GEMMs: name it with layers=, or use "
-                         "policy='F0L0'")
-    if recipe.first_bf16_layers + recipe.last_bf16_layers > num_layers and recipe.quantized:
-        raise ValueError(f"layer policy {recipe.policy} keeps more layers in BF16 than the model has "
-                         f"({num_layers})")
-    beyond = [i for i in recipe.bf16_layers if i >= num_layers]
-    if beyond and recipe.quantized:
-        raise ValueError(f"bf16_layers {beyond} are not layers of this model (it has {num_layers})")
+
+    def seen_elsewhere(rule):
+        return [f"{'/'.join(map(str, path))} ({type(node).__name__})" for path, node in nnx.iter_graph(model)
+                if isinstance(node, nnx.Module) and path and re.search(rule, "/".join(map(str, path)))]
 
     # Decide every GEMM's fate first: nothing changes unless all of it can be done.
-    chosen, left, problems = [], [], []
-    for keys, path, module, kind in gemms:
-        if container is None:
-            default = True
-        else:
-            default = path in container.index or path in container.members
-        selected = any(re.search(p, path) for p in includes) if includes else default
-        if any(re.search(p, path) for p in excludes) or NEVER.search(path) or not selected:
-            left.append((path, module, kind))
-        elif bad := problem(module, kind):
-            problems.append(f"{path}: {bad}")
-        else:
-            chosen.append((path, module, kind))
-    if problems:
-        raise ValueError(f"apply_recipe cannot quantize {len(problems)} selected GEMMs (exclude them): "
-                         + "; ".join(problems))
-    if not chosen:
-        seen = ", ".join(f"{t} ({k})" for _, t, _, k in gemms[:6]) + (", ..." if len(gemms) > 6 else "")
-        rules = "".join(f", {name}={r}" for name, r in (("include", include), ("exclude", exclude)) if r)
-        raise ValueError(f"apply_recipe selected no GEMM to run {recipe.name}: saw {len(gemms)} GEMMs"
-                         f"{' (' + seen + ')' if gemms else ''}{rules}; the embedding and the LM head are "
-                         "never selected")
+    sel = select(gemms, recipe, include, exclude, layers, num_layers, problem, seen_elsewhere, "apply_recipe")
+    container, num_layers = sel.container, sel.num_layers
 
     bf16 = BF16(backend=recipe.backend)
     report = SwapReport(type(recipe).__name__, recipe.policy, num_layers,
                         layer_container=container.path if container is not None else None,
                         stacked_container=container is not None and container.stacked)
-    for path, module, kind in left:
+    for path, module, kind in sel.left:
         reset(module, kind)
         report.not_selected.append(path)
         if fp32_weight_gradients and is_default(module, kind) and problem(module, kind) is None:
             set_gemm(module, kind, _placed(LowPrecisionDotGeneral(bf16), path, module, kind, layout, report))
             report.fp32_weight_gradients.append(path)
     partly_manual = layout is not None and layout.partly_manual
-    for path, module, kind in chosen:
-        layer = container.index.get(path) if container is not None else None
-        if container is not None and container.stacked and path in container.members:
+    for path, module, kind, layer, stacked in sel.chosen:
+        if stacked:
             set_gemm(module, kind, LayerPolicyDotGeneral(recipe, num_layers, partly_manual=partly_manual))
             report.per_slice[path] = recipe.policy
-        elif layer is not None and recipe.layer_is_bf16(layer, num_layers):
+        elif sel.is_bf16_by_policy(recipe, layer):
             set_gemm(module, kind, _placed(LowPrecisionDotGeneral(bf16), path, module, kind, layout, report))
             report.bf16_by_policy.append(path)
         else:
             set_gemm(module, kind, _placed(LowPrecisionDotGeneral(recipe), path, module, kind, layout, report))
             report.quantized[path] = type(recipe).__name__
-    report.platform = backends.current_platform()
-    used_recipes = [recipe] if report.quantized or report.per_slice else []
-    if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
-        used_recipes.append(bf16)
-    for r in used_recipes:
-        report.backends.setdefault(type(r).__name__, backends.backend_on(r, report.platform,
-                                                                         partly_manual=partly_manual))
+    record_backends(report, recipe, bf16, partly_manual)
     return report
