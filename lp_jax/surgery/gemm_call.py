@@ -1,9 +1,53 @@
-"""Runs an intercepted ``lax.dot_general`` / ``jnp.einsum`` call with lp_jax's GEMM: the
-handler ``lp_jax.surgery.interception`` frames call, for NNX and Linen modules alike."""
+"""Runs an intercepted ``lax.dot_general`` / ``jnp.einsum`` call with lp_jax's GEMM (the
+handler ``lp_jax.surgery.interception`` frames call, for NNX and Linen modules alike), and
+says which einsums lp_jax's GEMM can run."""
 from __future__ import annotations
 
-from lp_jax.surgery.gemm_modules import einsum_problem
+import dataclasses
+
+import opt_einsum
+
 from lp_jax.surgery.interception import original_einsum
+
+
+def einsum_problem(einsum_str: str, lhs_shape=None, rhs_shape=None) -> str | None:
+    """Why ``jnp.einsum(einsum_str, inputs, kernel, _dot_general=lp_jax's)`` cannot run the
+    kernel as the GEMM's weight, or None. Without shapes, a string with '...' is not judged
+    (the call judges it)."""
+    if lhs_shape is None:
+        if "..." in einsum_str:
+            return None
+        if "->" not in einsum_str:
+            return "it has no '->' output"
+        ins, out = einsum_str.split("->")
+        ops = ins.split(",")
+    else:
+        parsed_ins, out, _ = opt_einsum.parser.parse_einsum_input(
+            (einsum_str, _Shaped(tuple(lhs_shape)), _Shaped(tuple(rhs_shape))))
+        ops = parsed_ins.split(",")
+    if len(ops) != 2:
+        return f"it has {len(ops)} operands, not inputs and kernel"
+    lhs, rhs = ops
+    batch = [c for c in out if c in lhs and c in rhs]
+    if batch:
+        return f"{''.join(batch)!r} appear in inputs, kernel and output (batch dimensions)"
+    if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs):
+        return "an operand repeats a letter (a diagonal)"
+    contracted = [c for c in lhs if c in rhs]
+    if not contracted:
+        return "nothing is contracted"
+    free_lhs = "".join(c for c in lhs if c in out)
+    free_rhs = "".join(c for c in rhs if c in out)
+    if free_rhs + free_lhs == out:  # jnp.einsum would call dot_general(kernel, inputs)
+        return (f"output {out!r} puts the kernel's axes first, so jnp.einsum would make the "
+                "kernel the GEMM's left operand")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shaped:  # what opt_einsum's parser reads of an operand: no array is made
+    shape: tuple
+
 
 _DOT_GENERAL_ARGS = ("precision", "preferred_element_type", "out_sharding")
 

@@ -3,7 +3,11 @@
 Kinds: ``nnx.Linear``, ``nnx.LinearGeneral`` (its ``dot_general``; a contraction over several
 axes reaches ``lp_jax.dot_general`` as it is, which flattens it to one K axis, as Transformer
 Engine does), ``nnx.Einsum`` (its ``einsum_op``: ``jnp.einsum`` with ``_dot_general`` set to
-lp_jax's), and a user module with a ``dot_general`` or ``einsum_op`` attribute. A GEMM
+lp_jax's), a user module with a ``dot_general`` or ``einsum_op`` attribute, and a module of
+code outside Flax that holds a parameter of rank 2 or more and none of those attributes
+("own GEMM": MaxText's ``DenseGeneral`` calls ``jax.lax.dot_general`` on its kernel itself),
+reached by moving the instance to a subclass whose ``__call__`` intercepts that call
+(``lp_jax.surgery.interception``). A GEMM
 lp_jax.dot_general cannot run (batch dimensions, the kernel as the einsum's left operand)
 is refused by ``problem`` before anything is changed.
 """
@@ -12,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import opt_einsum
 from flax import nnx
 from flax.nnx.nn import dtypes as nnx_dtypes
 from jax import lax
 
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.surgery.gemm_call import einsum_problem, run_with
+from lp_jax.surgery.interception import Frame, frame
 from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 
 OURS = (LowPrecisionDotGeneral, LayerPolicyDotGeneral)
@@ -42,43 +47,46 @@ class LowPrecisionEinsum:
                           out_sharding=out_sharding, _dot_general=self.dot_general)
 
 
-def einsum_problem(einsum_str: str, lhs_shape=None, rhs_shape=None) -> str | None:
-    """Why ``jnp.einsum(einsum_str, inputs, kernel, _dot_general=lp_jax's)`` cannot run the
-    kernel as the GEMM's weight, or None. Without shapes, a string with '...' is not judged
-    (the call judges it)."""
-    if lhs_shape is None:
-        if "..." in einsum_str:
-            return None
-        if "->" not in einsum_str:
-            return "it has no '->' output"
-        ins, out = einsum_str.split("->")
-        ops = ins.split(",")
-    else:
-        parsed_ins, out, _ = opt_einsum.parser.parse_einsum_input(
-            (einsum_str, _Shaped(tuple(lhs_shape)), _Shaped(tuple(rhs_shape))))
-        ops = parsed_ins.split(",")
-    if len(ops) != 2:
-        return f"it has {len(ops)} operands, not inputs and kernel"
-    lhs, rhs = ops
-    batch = [c for c in out if c in lhs and c in rhs]
-    if batch:
-        return f"{''.join(batch)!r} appear in inputs, kernel and output (batch dimensions)"
-    if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs):
-        return "an operand repeats a letter (a diagonal)"
-    contracted = [c for c in lhs if c in rhs]
-    if not contracted:
-        return "nothing is contracted"
-    free_lhs = "".join(c for c in lhs if c in out)
-    free_rhs = "".join(c for c in rhs if c in out)
-    if free_rhs + free_lhs == out:  # jnp.einsum would call dot_general(kernel, inputs)
-        return (f"output {out!r} puts the kernel's axes first, so jnp.einsum would make the "
-                "kernel the GEMM's left operand")
-    return None
+OWN = "own GEMM"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Shaped:  # what opt_einsum's parser reads of an operand: no array is made
-    shape: tuple
+def _holds_weight(node) -> bool:
+    """A module of code outside Flax holding a parameter of rank 2 or more (a kernel it may
+    contract itself; Flax's own non-GEMM layers, Embed and Conv, are not)."""
+    if type(node).__module__.split(".")[0] == "flax":
+        return False
+    return any(isinstance(v, nnx.Param) and len(getattr(v, "shape", ())) >= 2 for v in vars(node).values())
+
+
+def _base(cls: type) -> type:
+    return getattr(cls, "_lp_base", cls)
+
+
+_INTERCEPTING: dict = {}
+
+
+def intercepting_class(base: type) -> type:
+    """``base`` with a ``__call__`` that runs its GEMMs on the instance's ``lp_dot_general``:
+    one subclass per class, so graphdefs of equal models stay equal."""
+    if base in _INTERCEPTING:
+        return _INTERCEPTING[base]
+
+    def __call__(self, *args, **kwargs):
+        dg = self.lp_dot_general
+        where = f"apply_recipe: {base.__name__}"
+        own = Frame(lambda op, a, k: run_with(dg, op, a, k, where),
+                    lambda: [v.shape for v in vars(self).values() if isinstance(v, nnx.Param)])
+        with frame(own):
+            out = base.__call__(self, *args, **kwargs)
+        if own.calls == 0:
+            raise ValueError(f"{where} was selected for its own GEMM, but its call ran no jax.lax.dot_general "
+                             "or jnp.einsum on its parameters: exclude it")
+        return out
+
+    cls = type(base.__name__, (base,), {"__call__": __call__, "_lp_base": base, "__module__": base.__module__,
+                                        "__qualname__": base.__qualname__})
+    _INTERCEPTING[base] = cls
+    return cls
 
 
 def gemm_modules(model):
@@ -97,6 +105,8 @@ def gemm_modules(model):
             yield path, text, node, "dot_general"
         elif "einsum_op" in vars(node) and callable(node.einsum_op):
             yield path, text, node, "einsum_op"
+        elif _holds_weight(node):
+            yield path, text, node, OWN
 
 
 def problem(module, kind: str) -> str | None:
@@ -136,6 +146,8 @@ def current(module, kind: str):
     if kind in ("Einsum", "einsum_op"):
         op = module.einsum_op
         return op.dot_general if isinstance(op, LowPrecisionEinsum) else op
+    if kind == OWN:
+        return getattr(module, "lp_dot_general", None)
     return module.dot_general
 
 
@@ -151,6 +163,10 @@ def is_default(module, kind: str) -> bool:
 
 
 def set_gemm(module, kind: str, dg):
+    if kind == OWN:
+        module.__class__ = intercepting_class(_base(type(module)))
+        module.lp_dot_general = dg
+        return
     if kind in ("Einsum", "einsum_op"):
         module.einsum_op = LowPrecisionEinsum(dg)
     else:
@@ -162,6 +178,10 @@ def set_gemm(module, kind: str, dg):
 def reset(module, kind: str):
     """Undoes an earlier apply_recipe (a GEMM that is not lp_jax's is kept)."""
     if not isinstance(current(module, kind), OURS):
+        return
+    if kind == OWN:
+        module.__class__ = _base(type(module))
+        del module.lp_dot_general
         return
     if kind in ("Einsum", "einsum_op"):
         module.einsum_op = jnp.einsum

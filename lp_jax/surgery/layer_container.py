@@ -33,13 +33,18 @@ class LayerContainer:
         return f"{self.path!r} ({kind}, {self.num_layers} layers)"
 
 
-def _index_positions(keys):
-    """[(container path, layer index)] for every numbered key of a GEMM's path, outermost first."""
+def _index_positions(keys, module=None):
+    """[(container path, layer index)] for every numbered key of a GEMM's path, outermost
+    first. A GEMM's own name in Linen's automatic form (``Dense_2`` for an nn.Dense) numbers
+    modules, not blocks."""
     out = []
+    own_class = getattr(module, "class_name", type(module).__name__)
     for j, key in enumerate(keys):
         if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
             out.append(("/".join(map(str, keys[:j])), int(key)))
         elif isinstance(key, str) and (m := _NUMBERED.match(key)):
+            if j == len(keys) - 1 and m.group(1) == own_class:
+                continue
             out.append(("/".join(map(str, (*keys[:j], m.group(1)))), int(m.group(2))))
     return out
 
@@ -53,14 +58,14 @@ def _stacked_depth(module, kind):
 
 def _candidates(gemms, nested: bool) -> dict[str, LayerContainer]:
     indexed: dict[str, dict[str, int]] = {}
-    for keys, text, _, _ in gemms:
-        positions = _index_positions(keys)
+    for keys, text, module, _ in gemms:
+        positions = _index_positions(keys, module)
         for container, i in positions if nested else positions[:1]:
             indexed.setdefault(container, {})[text] = i
     found = {c: LayerContainer(c, max(idx.values()) + 1, False, idx, frozenset(idx))
              for c, idx in indexed.items()}
     depths = {text: _stacked_depth(module, kind) for keys, text, module, kind in gemms
-              if not _index_positions(keys)}
+              if not _index_positions(keys, module)}
     for keys, text, _, _ in gemms:
         if depths.get(text) is None:
             continue

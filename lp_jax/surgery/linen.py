@@ -29,7 +29,7 @@ import numpy as np
 
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
 from lp_jax.recipes import BF16, Recipe, get_recipe
-from lp_jax.surgery.gemm_call import run_with
+from lp_jax.surgery.gemm_call import einsum_problem, run_with
 from lp_jax.surgery.interception import Frame, frame
 from lp_jax.surgery.report import SwapReport, record_backends
 from lp_jax.surgery.selection import patterns, select
@@ -90,7 +90,7 @@ def _discovery(seen: dict, modules: list):
         modules.append((path, type(module).__name__))
         if isinstance(module, nn.Embed) and context.method_name == "attend":
             seen.setdefault(path, SeenGemm(type(module).__name__, "nn.Embed.attend",
-                                           "a tied embedding used as a head (nn.Embed.attend)", False))
+                                           "a tied embedding used as a head", False))
             with frame(None):
                 return next_fun(*args, **kwargs)
         flax_problem = _flax_problem(module, kind)
@@ -102,7 +102,6 @@ def _discovery(seen: dict, modules: list):
         def handler(op, gemm_args, gemm_kwargs):
             problem = flax_problem
             if problem is None and op == "einsum":
-                from lp_jax.surgery.gemm_modules import einsum_problem
                 bad = einsum_problem(gemm_args[0], gemm_args[1].shape, gemm_args[2].shape)
                 problem = f"einsum {gemm_args[0]!r}: {bad}" if bad else None
             seen.setdefault(path, SeenGemm(type(module).__name__, kind or f"calls {op}", problem,

@@ -52,6 +52,12 @@ def select(gemms, recipe: Recipe, include, exclude, layers: str | None, num_laye
                         if others else f"the model's GEMMs are {', '.join(t for _, t, _, _ in gemms[:4]) or 'none'}"
                         + (", ..." if len(gemms) > 4 else ""))
                 raise ValueError(f"{caller}: {which} rule {rule!r} matches no GEMM; {seen}")
+    for rule in includes:
+        matched = [(text, module, kind) for _, text, module, kind in gemms if re.search(rule, text)]
+        if all(NEVER.search(text) for text, _, _ in matched):
+            what = ", ".join(f"{t} ({k}{': ' + p if (p := problem(m, k)) else ''})" for t, m, k in matched[:4])
+            raise ValueError(f"{caller}: include rule {rule!r} matches only the embedding or LM head ({what}), "
+                             "which are never quantized")
     container = find_container(gemms, layers)
     if num_layers is None:
         num_layers = container.num_layers if container is not None else 0
@@ -84,7 +90,8 @@ def select(gemms, recipe: Recipe, include, exclude, layers: str | None, num_laye
                          + "; ".join(problems))
     if not chosen:
         seen = ", ".join(f"{t} ({k})" for _, t, _, k in gemms[:6]) + (", ..." if len(gemms) > 6 else "")
-        rules = "".join(f", {name}={r}" for name, r in (("include", include), ("exclude", exclude)) if r)
+        rules = "".join(f", {name}={r[0] if len(r) == 1 else r}" for name, r in (("include", includes),
+                                                                                  ("exclude", excludes)) if r)
         raise ValueError(f"{caller} selected no GEMM to run {recipe.name}: saw {len(gemms)} GEMMs"
                          f"{' (' + seen + ')' if gemms else ''}{rules}; the embedding and the LM head are "
                          "never selected")
