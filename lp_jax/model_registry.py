@@ -1,5 +1,7 @@
-"""The model families the trainer builds, by ``model.type``: ``llama`` (models.llama) and any
-family a user registers with ``register_model_family``.
+"""The model families the trainer builds, by ``model.type``: ``llama`` (models.llama), any
+family a user registers with ``register_model_family``, and any family named by an import
+path ``package.module:attribute`` (imported on first use, from the working directory or the
+installed packages, so that ``python train.py`` and the plan can build it too).
 
 The trainer, the plan, the study's memory table, the mesh checks and the saved-run reader
 build their model only through ``build_model``; nothing else in lp_jax constructs one.
@@ -12,12 +14,16 @@ for every family. docs/your_model.md, "Registering a model family", has a worked
 from __future__ import annotations
 
 import difflib
+import importlib
+import inspect
+import os
 import re
+import sys
 from typing import Any, Protocol
 
 from flax import nnx
 
-from lp_jax.errors import UserError
+from lp_jax.errors import UserError, one_line
 from models import config as model_config
 from models.llama import Llama
 
@@ -131,15 +137,72 @@ def registered() -> tuple[str, ...]:
 
 
 def model_family(model_type: str) -> Any:
-    """The family of ``model.type``; UserError (one line, the registered names and the close
-    ones) for a name not registered."""
+    """The family of ``model.type``: a registered name, or an import path
+    ``package.module:attribute`` (``imported_family``). UserError (one line) for a name not
+    registered (with the registered names and the close ones) or a path that does not import
+    a family."""
+    if ":" in str(model_type):
+        return imported_family(model_type)
     family = _FAMILIES.get(model_type)
     if family is None:
         close = difflib.get_close_matches(str(model_type), list(_FAMILIES), n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        if not hint and "." in str(model_type):
+            hint = "; an import path is written package.module:attribute"
         raise UserError(f"model.type={model_type!r} is not a registered model family; registered: "
                         f"{', '.join(_FAMILIES)}{hint}")
     return family
+
+
+_IMPORTED: dict[str, Any] = {}  # import path -> its family, made once per process
+
+
+def imported_family(path: str) -> Any:
+    """The family at ``package.module:attribute``: the module imported (the working directory
+    is importable, as it is for ``python -m``), the attribute taken (a dotted one too), a class
+    instantiated with no arguments; it must have a callable ``build``. The same object each
+    time; UserError (one line) for a module not found, an attribute missing or not a family."""
+    family = _IMPORTED.get(path)
+    if family is not None:
+        return family
+    where = f"model.type={path!r}"
+    module_name, _, attribute = path.partition(":")
+    if not module_name or module_name.startswith(".") or not attribute or ":" in attribute:
+        raise UserError(f"{where} is not an import path package.module:attribute")
+    cwd = os.getcwd()
+    if cwd not in {os.path.abspath(p) for p in sys.path}:
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise UserError(f"{where}: no module named {module_name!r}; it must be importable from the "
+                            f"working directory ({cwd}) or installed") from None
+        raise UserError(f"{where}: importing {module_name!r} failed: {one_line(e)}") from None
+    family = module
+    for i, name in enumerate(attribute.split(".")):
+        if not hasattr(family, name):
+            owner = module_name if i == 0 else f"{module_name}:{'.'.join(attribute.split('.')[:i])}"
+            close = difflib.get_close_matches(name, [n for n in dir(family) if not n.startswith("_")],
+                                              n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UserError(f"{where}: {owner!r} has no attribute {name!r}{hint}")
+        family = getattr(family, name)
+    if inspect.isclass(family):
+        try:  # __init__'s own signature: a metaclass (nnx.Module's) hides the class's
+            inspect.signature(family.__init__).bind(None)
+        except TypeError as e:
+            raise UserError(f"{where}: the class {attribute} cannot be made with no arguments "
+                            f"({one_line(e)})") from None
+        except ValueError:  # no signature to check: the call below says
+            pass
+        family = family()
+    if not callable(getattr(family, "build", None)):
+        shown = " ".join(repr(family).split())
+        shown = shown if len(shown) <= 80 else shown[:80] + "..."
+        raise UserError(f"{where} is not a model family: {shown} has no build(config, rngs) method")
+    return _IMPORTED.setdefault(path, family)
 
 
 def build_model(model_type: str, config: model_config.LlamaConfig, rngs: nnx.Rngs):

@@ -130,9 +130,9 @@ class ModelConfig:
     """The model: a registered family (``model.type``) built from a preset of
     models.config, with any of its fields overridden."""
 
-    # The model family (lp_jax.model_registry): llama (models.llama) or a name given to
-    # register_model_family (docs/your_model.md). Every family builds from the architecture
-    # of the keys below.
+    # The model family (lp_jax.model_registry): llama (models.llama), a name given to
+    # register_model_family, or an import path package.module:attribute (docs/your_model.md).
+    # Every family builds from the architecture of the keys below.
     type: str = "llama"
     # tiny | llama3_125m | llama3_1b | llama3_8b | research_8b
     preset: str = "tiny"

@@ -1,8 +1,13 @@
 """The model registry (lp_jax.model_registry): model.type=llama builds the same Llama as
 before, an unknown type is one line, and a family registered here (a small NNX model that is
-not Llama) trains through the trainer in BF16 and in NVFP4 with its last layer in BF16."""
+not Llama) trains through the trainer in BF16 and in NVFP4 with its last layer in BF16; the
+same family in a module of its own trains by import path (model.type=module:attribute), in
+this process and through train.py."""
 import inspect
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +29,10 @@ from lp_jax.training.state import abstract_state, init_state, place_batch, split
 from lp_jax.training.step import StepSpec, train_step
 from lp_jax.training.validate import model_shape_changes, resolve
 from models import llama
+from tests.training.test_training_loop import TEXT
 from tests.training.test_training_loop import tiny as tiny_run
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 # The family docs/your_model.md registers ("Registering a model family"): keep the two the same.
@@ -170,3 +177,114 @@ def test_docs_example_is_this_family():
     section = doc[doc.index("## Registering a model family"):]
     for part in (Block, MeanMixer, MeanMixerFamily):
         assert inspect.getsource(part) in section, f"docs/your_model.md differs from {part.__name__}"
+
+
+# The family above as a module of its own, written outside lp_jax, plus attributes that are
+# not families.
+IMPORTED_MODULE = "lp_jax_test_mean_mixer"
+MODULE_TEXT = "\n\n".join([
+    "import jax\nimport jax.numpy as jnp\nfrom flax import nnx\n\n"
+    "from lp_jax.model_registry import ModelFamily",
+    *(inspect.getsource(part) for part in (Block, MeanMixer, MeanMixerFamily)),
+    "FAMILY = MeanMixerFamily()\nNOT_A_FAMILY = 3\n",
+    "class NeedsArguments(MeanMixerFamily):\n    def __init__(self, width):\n        self.width = width\n",
+])
+
+
+@pytest.fixture
+def family_module(tmp_path, monkeypatch):
+    """The module file in tmp_path, importable; forgotten again afterwards."""
+    folder = tmp_path / "user_code"
+    folder.mkdir()
+    (folder / f"{IMPORTED_MODULE}.py").write_text(MODULE_TEXT)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setattr(model_registry, "_IMPORTED", {})
+    yield folder
+    sys.modules.pop(IMPORTED_MODULE, None)
+
+
+def test_import_path_gives_the_family_once_and_it_builds(family_module):
+    path = f"{IMPORTED_MODULE}:MeanMixerFamily"
+    family = model_registry.model_family(path)
+    assert type(family).__name__ == "MeanMixerFamily" and model_registry.model_family(path) is family
+    assert model_registry.model_family(f"{IMPORTED_MODULE}:FAMILY") is sys.modules[IMPORTED_MODULE].FAMILY
+    config = model_registry.preset(path, "tiny", num_layers=2)
+    model = model_registry.build_model(path, config, nnx.Rngs(0))
+    assert type(model).__name__ == "MeanMixer" and len(model.layers) == 2
+    logits = model(jnp.zeros((2, 8), jnp.int32))
+    assert logits.shape == (2, 8, config.vocab_size)
+    assert "llama" in model_registry.registered() and path not in model_registry.registered()
+
+
+@pytest.mark.parametrize("model_type,message", [
+    ("lp_jax_test_no_such_module:Family",
+     "model.type='lp_jax_test_no_such_module:Family': no module named 'lp_jax_test_no_such_module'; "
+     "it must be importable from the working directory ({cwd}) or installed"),
+    (f"{IMPORTED_MODULE}.sub:Family",
+     f"model.type='{IMPORTED_MODULE}.sub:Family': no module named '{IMPORTED_MODULE}.sub'; "
+     "it must be importable from the working directory ({cwd}) or installed"),
+    (f"{IMPORTED_MODULE}:MeanMixerFamliy",
+     f"model.type='{IMPORTED_MODULE}:MeanMixerFamliy': '{IMPORTED_MODULE}' has no attribute "
+     "'MeanMixerFamliy'; did you mean 'MeanMixerFamily' or 'MeanMixer'?"),
+    (f"{IMPORTED_MODULE}:Nothing",
+     f"model.type='{IMPORTED_MODULE}:Nothing': '{IMPORTED_MODULE}' has no attribute 'Nothing'"),
+    (f"{IMPORTED_MODULE}:NOT_A_FAMILY",
+     f"model.type='{IMPORTED_MODULE}:NOT_A_FAMILY' is not a model family: 3 has no build(config, rngs) "
+     "method"),
+    (f"{IMPORTED_MODULE}:MeanMixer",
+     f"model.type='{IMPORTED_MODULE}:MeanMixer': the class MeanMixer cannot be made with no arguments "
+     "(missing a required argument: 'cfg')"),
+    (f"{IMPORTED_MODULE}:NeedsArguments",
+     f"model.type='{IMPORTED_MODULE}:NeedsArguments': the class NeedsArguments cannot be made with no "
+     "arguments (missing a required argument: 'width')"),
+    (f"{IMPORTED_MODULE}:",
+     f"model.type='{IMPORTED_MODULE}:' is not an import path package.module:attribute"),
+    (f"{IMPORTED_MODULE}.MeanMixerFamily",
+     f"model.type='{IMPORTED_MODULE}.MeanMixerFamily' is not a registered model family; registered: llama; "
+     "an import path is written package.module:attribute"),
+])
+def test_bad_import_paths_are_one_line(model_type, message, family_module):
+    with pytest.raises(UserError) as info:
+        model_registry.model_family(model_type)
+    assert str(info.value) == message.format(cwd=os.getcwd())
+
+
+def test_a_family_module_whose_import_fails_is_one_line(family_module):
+    (family_module / "lp_jax_test_broken_family.py").write_text("import lp_jax_test_missing_dependency\n")
+    with pytest.raises(UserError, match=r"^model.type='lp_jax_test_broken_family:F': importing "
+                                        r"'lp_jax_test_broken_family' failed: No module named "
+                                        r"'lp_jax_test_missing_dependency'$"):
+        model_registry.model_family("lp_jax_test_broken_family:F")
+
+
+def test_imported_family_trains_resumes_and_refuses_another_type(tmp_path, token_cache, family_module):
+    path = f"{IMPORTED_MODULE}:MeanMixerFamily"
+    result = run(resolve(tiny(tmp_path, token_cache, f"model.type={path}", "steps=3", "checkpoint.every=3")))
+    losses = [m["loss"] for m in read_metrics(tmp_path)]
+    assert result.step == 3 and len(losses) == 3 and np.all(np.isfinite(losses))
+    result = run(resolve(tiny(tmp_path, token_cache, f"model.type={path}", "steps=4")))  # resumes at 3
+    assert result.step == 4 and np.isfinite(result.loss)
+    register_model_family("mean_mixer", MeanMixerFamily())  # the same model, by another type
+    try:
+        with pytest.raises(UserError, match=rf"^checkpoint 4 in .* is of another model: model.type "
+                                            rf"\(checkpoint {path}, now mean_mixer\); "):
+            run(resolve(tiny(tmp_path, token_cache, "model.type=mean_mixer", "steps=4")))
+    finally:
+        unregister_model_family("mean_mixer")
+
+
+def test_train_py_takes_a_family_by_import_path_from_the_working_directory(tmp_path, token_cache):
+    # The module beside the user's working directory only: train.py's own folder is not it.
+    (tmp_path / f"{IMPORTED_MODULE}.py").write_text(MODULE_TEXT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", "configs/tiny.yaml",
+         f"model.type={IMPORTED_MODULE}:MeanMixerFamily", "steps=2", f"run_dir={tmp_path / 'run'}",
+         f"data.paths={TEXT}", f"data.cache_dir={token_cache}", "data.val_fraction=0.2", "data.seq_len=64",
+         "data.global_batch_size=4", "data.micro_batch_size=4", "schedule.warmup_steps=1",
+         "logging.val_batches=0", "logging.progress_bar=false", "logging.tensorboard=false"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1].startswith("step 2/2: loss "), proc.stdout
+    losses = [m["loss"] for m in read_metrics(tmp_path / "run")]
+    assert len(losses) == 2 and np.all(np.isfinite(losses))
