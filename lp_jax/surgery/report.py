@@ -41,11 +41,16 @@ class SwapReport:
     # and whether its blocks are stacked on a leading axis (nnx.vmap) rather than indexed.
     layer_container: str | None = None
     stacked_container: bool = False
+    # Linen models inside the NNX one (nnx.bridge.ToNNX): path -> the apply_recipe_linen
+    # module now there, whose GEMMs are planned at its first call (lp_jax.linen_report).
+    bridged: dict = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         gemms = ", ".join(f"{name} via {backend}" for name, backend in self.backends.items())
         where = ("no layer container" if self.layer_container is None else
                  f"{'stacked ' if self.stacked_container else ''}container '{self.layer_container}'")
+        if self.bridged:
+            where += f"; the Linen model bridged at {', '.join(repr(p) for p in self.bridged)} is planned at its first call"
         lines = [f"recipe {self.recipe} ({self.policy}) over {self.num_layers} layers ({where}): "
                  f"{len(self.quantized)} GEMMs run {self.recipe}, {len(self.bf16_by_policy)} kept in "
                  f"BF16 by the layer policy, {len(self.per_slice)} stacked with a per-slice policy, "
@@ -108,7 +113,7 @@ def fold_layer_paths(paths, pattern: re.Pattern | None = LAYER_INDEX) -> list[st
 def record_backends(report: SwapReport, recipe, bf16, partly_manual: bool = False) -> None:
     """Fills ``report.platform`` and the GEMM backend of each recipe the swap used."""
     report.platform = backends.current_platform()
-    used_recipes = [recipe] if report.quantized or report.per_slice else []
+    used_recipes = [recipe] if report.quantized or report.per_slice or report.bridged else []
     if report.bf16_by_policy or report.fp32_weight_gradients or report.per_slice:
         used_recipes.append(bf16)
     for r in used_recipes:

@@ -81,6 +81,10 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
         # The Pallas quantizers bring no partitioning rule (their amax is over what they are
         # given): where the GEMMs see arrays the partitioner splits, "auto" keeps XLA's.
         recipe = dataclasses.replace(recipe, quantize_impl="xla")
+    bridges = [(path, node) for path, node in nnx.iter_graph(model) if isinstance(node, nnx.bridge.ToNNX)]
+    if bridges:
+        return _apply_to_bridged(model, bridges, recipe, include, exclude, layers, num_layers,
+                                 fp32_weight_gradients)
     gemms = list(gemm_modules(model))
 
     def seen_elsewhere(rule):
@@ -113,4 +117,30 @@ def apply_recipe(model, recipe: Recipe | str, include=None, exclude=None,
             set_gemm(module, kind, _placed(LowPrecisionDotGeneral(recipe), path, module, kind, layout, report))
             report.quantized[path] = type(recipe).__name__
     record_backends(report, recipe, bf16, partly_manual)
+    return report
+
+
+def _apply_to_bridged(model, bridges, recipe: Recipe, include, exclude, layers, num_layers,
+                      fp32_weight_gradients) -> SwapReport:
+    """A model holding Linen models through ``nnx.bridge.ToNNX``: each gets
+    ``apply_recipe_linen`` with the rules (on the Linen model's own paths), its GEMMs planned
+    at its first call; the NNX GEMMs beside them are not selected (BF16, FP32 weight
+    gradients)."""
+    from lp_jax.surgery.linen import apply_recipe_linen
+
+    report = SwapReport(type(recipe).__name__, recipe.policy, num_layers or 0)
+    swapped = {"/".join(map(str, path)): apply_recipe_linen(node.to_nnx__module, recipe, include, exclude, layers,
+                                                           num_layers, fp32_weight_gradients)
+               for path, node in bridges}
+    bf16 = BF16(backend=recipe.backend)
+    for path, node in bridges:
+        node.to_nnx__module = swapped["/".join(map(str, path))]
+    report.bridged = swapped
+    for _, path, module, kind in gemm_modules(model):
+        reset(module, kind)
+        report.not_selected.append(path)
+        if fp32_weight_gradients and is_default(module, kind) and problem(module, kind) is None:
+            set_gemm(module, kind, LowPrecisionDotGeneral(bf16))
+            report.fp32_weight_gradients.append(path)
+    record_backends(report, recipe, bf16)
     return report

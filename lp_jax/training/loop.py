@@ -167,7 +167,8 @@ def build(plan: ValidatedRun) -> _Run:
             state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
         state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
         phase = plan.phase_at(start + 1)
-        graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype)
+        graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype,
+                                (cfg.data.micro_batch_size, cfg.data.seq_len))
         say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
             f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
             f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
@@ -273,18 +274,23 @@ def _check_batch_change(found, cfg, train_it, say) -> None:
 
 
 def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
-                 tp_reduce_dtype: str) -> nnx.GraphDef:
+                 tp_reduce_dtype: str, tokens_shape: tuple[int, int]) -> nnx.GraphDef:
     """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
     bytes where precision.param_gather says so, tensor-parallel reductions in
     mesh.tp_reduce_dtype) and returns its graphdef."""
     report = lp_jax.apply_recipe(model, phase.recipe, layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     say(str(report).splitlines()[0])
+    for path, linen in report.bridged.items():
+        # A bridged Linen model's GEMMs are known once it runs: trace one call (no FLOPs), so
+        # its plan is made (and bad rules refused) before the first step, and say it.
+        nnx.eval_shape(lambda m: m(jnp.zeros(tokens_shape, jnp.int32)), model)
+        say(f"{path} (Linen): {str(lp_jax.linen_report(linen)).splitlines()[0]}")
     if report.gathered:
         say(f"precision.param_gather: {len(report.gathered)} Linears all-gather their quantized weight bytes over fsdp")
     if report.tensor_reduced:
         say(f"mesh.tp_reduce_dtype=bf16: {len(report.tensor_reduced)} Linears reduce their tensor-parallel "
             "partial sums in BF16")
-    if phase.recipe.quantized and not report.quantized:
+    if phase.recipe.quantized and not report.quantized and not report.bridged:
         say(f"warning: the layer policy {phase.recipe.policy} leaves no Linear quantized")
     return split_model(model)[0]
 
@@ -341,7 +347,8 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if r.plan.phase_at(step) is not r.phase:
         r.phase = r.plan.phase_at(step)
         model = nnx.merge(r.graphdef, r.state["params"], r.state["rest"])
-        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh, cfg.mesh.tp_reduce_dtype)
+        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh, cfg.mesh.tp_reduce_dtype,
+                                  (cfg.data.micro_batch_size, cfg.data.seq_len))
         r.say(f"step {step}: precision -> {r.phase.name}")
     host = next(r.train_it)
     if step in cfg.debug.inject_nan_at_steps:
