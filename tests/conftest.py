@@ -42,6 +42,10 @@ SLOW_CASES = {
     "tests/gemm/test_pallas_dot_general.py::test_fprop_dgrad_wgrad_equal_xla[nvfp4-reference]",
     "tests/models/test_activation_vjp.py::test_forward_and_gradients_equal_autodiff[rms_norm-float32]",
     "tests/surgery/test_any_nnx_model.py::test_each_selected_gemm_is_lp_dot_general_bit_for_bit[nvfp4]",
+    "tests/surgery/test_any_linen_model.py::test_each_linen_gemm_is_lp_dot_general_bit_for_bit[nvfp4]",
+    "tests/surgery/test_third_party_models.py::test_hugging_face_linen_models_every_gemm_bit_for_bit[nvfp4-llama]",
+    "tests/surgery/test_third_party_models.py::test_maxtext_nnx_dense_general_forward_and_backward_bit_for_bit[bf16]",
+    "tests/surgery/test_third_party_models.py::test_maxtext_nnx_dense_general_forward_and_backward_bit_for_bit[fp8_cs]",
 }
 
 

@@ -105,6 +105,7 @@ def _train_py(tmp_path, token_cache, steps):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_train_py_trains_and_resumes_the_bridged_linen_model(tmp_path, token_cache):
     (tmp_path / "linen_lm.py").write_text(BRIDGE)
     out = _train_py(tmp_path, token_cache, 2)
