@@ -34,10 +34,11 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 class TrainableModel(Protocol):
     """The model a family builds: an ``nnx.Module`` the train step calls as below.
 
-    Its blocks live in a container named ``layers`` (``self.layers = nnx.List([...])``, so
-    their paths are ``layers/<i>/...``): ``apply_recipe`` quantizes the Linears under it and
-    the layer policy (FiLj, ``precision.bf16_layers``) counts the blocks there; the
-    embedding and the LM head, outside it, stay unquantized.
+    ``apply_recipe`` quantizes the GEMMs of the container of its repeated blocks, found from
+    its structure (docs/your_model.md), and the layer policy (FiLj, ``precision.bf16_layers``)
+    counts the blocks there; the embedding and the LM head stay unquantized. Keeping the
+    blocks in ``self.layers`` (paths ``layers/<i>/...``) also serves scanned-layer stacking
+    and ``python -m lp_jax.inspect``. It keeps no ``nnx.Rngs`` (``build_model`` refuses it).
     """
 
     def __call__(self, tokens_BxL, positions=None, segment_ids=None) -> Any:
