@@ -215,6 +215,16 @@ class DataConfig:
     token_dtype: str = "uint16"
     # Threads grain uses to read and pack ahead of the step (0: read in the training thread).
     read_threads: int = 1
+    # Megatron's three packing switches (GPTDatasetConfig), under its names. A document
+    # begins at each BOS. true: attention stays
+    # within each document of a packed sequence (false: plain causal over the sequence).
+    reset_attention_mask: bool = True
+    # true: positions restart at 0 at each document (false: 0 .. seq_len-1 across them).
+    reset_position_ids: bool = True
+    # true: the target that begins a document is not scored. It is predicted from the
+    # previous document's last token, its EOS: the position that
+    # Megatron's eod_mask_loss masks (loss_mask[tokens == eod] = 0). false: all scored.
+    eod_mask_loss: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

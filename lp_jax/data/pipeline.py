@@ -1,12 +1,13 @@
 """The grain input pipeline: packed sequences with document boundaries, seeded shuffle.
 
 Sequence ``i`` of a shard is its ``seq_len + 1`` tokens from token ``i * seq_len``; each
-example carries ``tokens``, ``targets``, ``segment_ids``, ``positions`` and ``loss_mask``
-(docs/training.md, "Data"). The order is ``MapDataset.source -> shuffle(seed) -> repeat``,
-cut into batches by ``BatchStream``: random access, so the iterator state is a position,
-in sequences, and a resumed run reads exactly the sequences it would have read, at any
-batch size. Global batch ``b`` is the same sequences whatever the process count; each
-process reads only the rows its own devices hold (``host_rows``).
+example carries ``tokens``, ``targets``, ``positions``, ``loss_mask`` and, with
+``data.reset_attention_mask``, ``segment_ids`` (docs/training.md, "Data"). The order is
+``MapDataset.source -> shuffle(seed) -> repeat``, cut into batches by ``BatchStream``:
+random access, so the iterator state is a position, in sequences, and a resumed run reads
+exactly the sequences it would have read, at any batch size. Global batch ``b`` is the
+same sequences whatever the process count; each process reads only the rows its own
+devices hold (``host_rows``).
 """
 from __future__ import annotations
 
@@ -23,24 +24,59 @@ from lp_jax.data.prepare_data import cached_text_shards
 from lp_jax.errors import UserError
 from lp_jax.parallel.partitioning import batch_sharding
 
+# An example's keys with every DocumentRules switch on (segment_ids only with reset_attention_mask).
 EXAMPLE_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def pack_sequence(window: np.ndarray, bos_id: int) -> dict[str, np.ndarray]:
-    """The example for one ``seq_len + 1``-token window of a shard."""
+@dataclasses.dataclass(frozen=True)
+class DocumentRules:
+    """Megatron's packing switches (``data.reset_attention_mask`` ...; schema.DataConfig)."""
+
+    reset_attention_mask: bool = True
+    reset_position_ids: bool = True
+    eod_mask_loss: bool = True
+
+    @classmethod
+    def from_config(cls, data_cfg) -> "DocumentRules":
+        return cls(data_cfg.reset_attention_mask, data_cfg.reset_position_ids,
+                   data_cfg.eod_mask_loss)
+
+
+def pack_window(window: np.ndarray, starts: np.ndarray, rules: DocumentRules) -> dict[str, np.ndarray]:
+    """The example for one ``seq_len + 1``-token window whose token ``t`` begins a document
+    where ``starts[t]``. Without ``rules.reset_attention_mask`` it has no ``segment_ids``:
+    the model then attends causally over the whole row, as Megatron does with that switch
+    off (and cuDNN runs its plain causal kernel)."""
     window = np.asarray(window, np.int64)
-    is_bos = window == bos_id
-    # Segment ids start at 1 (0 is what attention masks often reserve for padding).
-    segment = np.cumsum(is_bos) + 1
+    starts = np.asarray(starts, bool)
     index = np.arange(len(window))
-    doc_start = np.maximum.accumulate(np.where(is_bos, index, 0))
-    return {
-        "tokens": window[:-1].astype(np.int32),
-        "targets": window[1:].astype(np.int32),
-        "segment_ids": segment[:-1].astype(np.int32),
-        "positions": (index - doc_start)[:-1].astype(np.int32),
-        "loss_mask": segment[1:] == segment[:-1],
-    }
+    example = {"tokens": window[:-1].astype(np.int32), "targets": window[1:].astype(np.int32)}
+    if rules.reset_attention_mask:
+        # Segment ids start at 1 (0 is what attention masks often reserve for padding).
+        example["segment_ids"] = (np.cumsum(starts) + 1)[:-1].astype(np.int32)
+    if rules.reset_position_ids:
+        doc_start = np.maximum.accumulate(np.where(starts, index, 0))
+        example["positions"] = (index - doc_start)[:-1].astype(np.int32)
+    else:
+        example["positions"] = index[:-1].astype(np.int32)
+    # Target t is token t + 1: masked when that token begins a document.
+    example["loss_mask"] = ~starts[1:] if rules.eod_mask_loss else np.ones(len(window) - 1, bool)
+    return example
+
+
+def pack_sequence(window: np.ndarray, bos_id: int,
+                  rules: DocumentRules = DocumentRules()) -> dict[str, np.ndarray]:
+    """The example for one window of a shard whose documents each begin with ``bos_id``."""
+    window = np.asarray(window)
+    return pack_window(window, window == bos_id, rules)
+
+
+def pack_eod_sequence(window: np.ndarray, eod_id: int,
+                      rules: DocumentRules = DocumentRules()) -> dict[str, np.ndarray]:
+    """The example for one window of a stream whose documents each end with ``eod_id``
+    (Megatron's layout): a document begins after each EOD."""
+    window = np.asarray(window)
+    return pack_window(window, np.concatenate([[False], window[:-1] == eod_id]), rules)
 
 
 class PackedSequences:
@@ -54,8 +90,9 @@ class PackedSequences:
     tokenizer is refused before the run writes anything."""
 
     def __init__(self, arrays: Sequence[np.ndarray], seq_len: int, bos_id: int,
-                 vocab_size: int | None = None, names: Sequence[str] | None = None):
-        self.arrays, self.seq_len, self.bos_id = list(arrays), seq_len, bos_id
+                 vocab_size: int | None = None, names: Sequence[str] | None = None,
+                 rules: DocumentRules = DocumentRules()):
+        self.arrays, self.seq_len, self.bos_id, self.rules = list(arrays), seq_len, bos_id, rules
         self.vocab_size = vocab_size
         self.names = list(names) if names is not None else [f"#{i}" for i in range(len(self.arrays))]
         counts = [max(0, (len(a) - 1) // seq_len) for a in self.arrays]
@@ -74,7 +111,7 @@ class PackedSequences:
         window = self.arrays[shard][start:start + self.seq_len + 1]
         if self.vocab_size is not None:
             self._check_ids(window, shard, start)
-        return pack_sequence(window, self.bos_id)
+        return pack_sequence(window, self.bos_id, self.rules)
 
     def _check_ids(self, window: np.ndarray, shard: int, start: int) -> None:
         low, high = int(window.min()), int(window.max())
@@ -94,8 +131,12 @@ class MockSequences:
     Sequence ``i`` depends only on (seed, i), so it needs no files and resumes exactly.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int, length: int = 1 << 40):
+    shuffles_itself = True  # random per index already: train_iterator adds no shuffle
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int, length: int = 1 << 40,
+                 rules: DocumentRules = DocumentRules()):
         self.vocab_size, self.seq_len, self.seed, self.length = vocab_size, seq_len, seed, length
+        self.rules = rules
 
     def __len__(self) -> int:
         return self.length
@@ -103,10 +144,7 @@ class MockSequences:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng((self.seed, int(index)))
         window = rng.integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
-        n = self.seq_len
-        return {"tokens": window[:-1].astype(np.int32), "targets": window[1:].astype(np.int32),
-                "segment_ids": np.ones(n, np.int32), "positions": np.arange(n, dtype=np.int32),
-                "loss_mask": np.ones(n, bool)}
+        return pack_window(window, np.zeros(len(window), bool), self.rules)
 
 
 @dataclasses.dataclass
@@ -120,9 +158,10 @@ class Splits:
 
 def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool = True) -> Splits:
     """The sources named by a DataConfig (text is tokenized into the cache on first use)."""
+    rules = DocumentRules.from_config(data_cfg)
     if data_cfg.source == "mock":
-        val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED)
-        return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed), val,
+        val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED, rules=rules)
+        return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed, rules=rules), val,
                       f"mock tokens (vocab {vocab_size})")
     binary: list[str] = []
     if data_cfg.source == "text":
@@ -143,7 +182,8 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
             arrays = shards.open_shards(paths, data_cfg.token_dtype)
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
-        return PackedSequences(arrays, data_cfg.seq_len, tokenizer.bos_id, vocab_size, paths)
+        return PackedSequences(arrays, data_cfg.seq_len, tokenizer.bos_id, vocab_size, paths,
+                               rules)
 
     train = packed(train_paths, "data.paths")
     tokens = int(sum(len(a) for a in train.arrays))
@@ -190,7 +230,7 @@ def train_iterator(source, seed: int, global_batch_size: int, read_threads: int 
     with ``rows`` (from host_rows), of those rows of each global batch only; its position
     is in sequences (lp_jax/data/batch_stream.py)."""
     ds = grain.MapDataset.source(source)
-    if not isinstance(source, MockSequences):  # mock data is already random per index
+    if not getattr(source, "shuffles_itself", False):
         ds = ds.shuffle(seed=seed)  # reshuffled differently each epoch by repeat()
     options = grain.ReadOptions(num_threads=read_threads,
                                 prefetch_buffer_size=2 * read_threads if read_threads else 0)
@@ -206,5 +246,5 @@ def validation_batches(source, global_batch_size: int, num_batches: int,
     rows = range(global_batch_size) if rows is None else rows
     for b in range(num_batches):
         items = [source[(b * global_batch_size + int(i)) % len(source)] for i in rows]
-        out.append({k: np.stack([it[k] for it in items]) for k in EXAMPLE_KEYS})
+        out.append({k: np.stack([it[k] for it in items]) for k in items[0]})
     return out

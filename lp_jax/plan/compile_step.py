@@ -96,8 +96,11 @@ def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target, shardings)
     per_pass = cfg.data.micro_batch_size * plan.data_parallel * plan.fsdp
     rows = batch_sharding(mesh)
+    # The data's keys: no segment_ids without the per-document mask (lp_jax.data.pipeline).
+    keys = [(k, dtype) for k, dtype in BATCH_KEYS
+            if k != "segment_ids" or cfg.data.reset_attention_mask]
     batch = {k: jax.ShapeDtypeStruct((plan.accum_steps, per_pass, cfg.data.seq_len), dtype, sharding=rows)
-             for k, dtype in BATCH_KEYS}
+             for k, dtype in keys}
     start = time.perf_counter()
     # Traced for CUDA: Pallas kernels compiled by Mosaic GPU, not interpreted as on this CPU.
     with compiled_kernels(), cudnn_sees(gpu), cuda_target(gpu.compute_capability):

@@ -87,8 +87,9 @@ def forward_nll(graphdef, params, rest, micro, key, mesh, manual=(), layer_stack
     stacks = {} if layer_stacks is None else {"layer_stacks": layer_stacks}
     with context.rng_scope(key), jax.sharding.use_abstract_mesh(abstract), \
             nnx.logical_axis_rules(activation_rules(manual)):
+        # No segment_ids (data.reset_attention_mask=false): plain causal attention per row.
         logits = model(micro["tokens"], positions=micro["positions"],
-                       segment_ids=micro["segment_ids"], **stacks)
+                       segment_ids=micro.get("segment_ids"), **stacks)
     return token_nll(logits, micro["targets"], micro["loss_mask"])
 
 

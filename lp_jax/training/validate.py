@@ -156,6 +156,11 @@ def _check_scalars(c: TrainConfig) -> None:
     _fail_unless(d.read_threads >= 0, "data.read_threads", d.read_threads, "must be >= 0")
     _fail_unless(d.token_dtype in ("uint16", "uint32", "int32"), "data.token_dtype", d.token_dtype,
                  "choose one of uint16, uint32, int32")
+    # Megatron accepts this pair, but RoPE would then read an earlier document's tokens at
+    # larger positions than the query's as later tokens.
+    _fail_unless(d.reset_attention_mask or not d.reset_position_ids, "data.reset_position_ids",
+                 d.reset_position_ids, "positions restart at each document only where attention "
+                 "does too: set data.reset_attention_mask=true, or reset_position_ids=false")
     _fail_unless(c.mesh.tp_reduce_dtype in TP_REDUCE_DTYPES, "mesh.tp_reduce_dtype", c.mesh.tp_reduce_dtype,
                  f"choose one of {', '.join(TP_REDUCE_DTYPES)}")
     o = c.optimizer
