@@ -189,7 +189,9 @@ class DataConfig:
 
     # text: text files (globs in `paths`; none = the Python standard library's .py files),
     #   tokenized once into a cache and packed; tokens: pre-tokenized .npy/.bin shards
-    #   (prepare_data writes them); mock: deterministic random tokens (benchmarks).
+    #   (prepare_data writes them); mock: Megatron's mock documents (ascending ids, random
+    #   lengths, EOD; packed and shuffled as Megatron's GPTDataset does: learnable);
+    #   mock_uniform: uniform random ids, one document per sequence (shapes only).
     source: str = "text"
     # Globs. For text, the validation split is taken from these files by file (val_fraction)
     # unless val_paths is given; for tokens, val_paths names the validation shards.
@@ -216,13 +218,13 @@ class DataConfig:
     # Threads grain uses to read and pack ahead of the step (0: read in the training thread).
     read_threads: int = 1
     # Megatron's three packing switches (GPTDatasetConfig), under its names. A document
-    # begins at each BOS. true: attention stays
+    # begins at each BOS (an EOD's successor in the mock data). true: attention stays
     # within each document of a packed sequence (false: plain causal over the sequence).
     reset_attention_mask: bool = True
     # true: positions restart at 0 at each document (false: 0 .. seq_len-1 across them).
     reset_position_ids: bool = True
     # true: the target that begins a document is not scored. It is predicted from the
-    # previous document's last token, its EOS: the position that
+    # previous document's last token, its EOS (text) or EOD (mock): the position that
     # Megatron's eod_mask_loss masks (loss_mask[tokens == eod] = 0). false: all scored.
     eod_mask_loss: bool = True
 
@@ -310,6 +312,7 @@ class LoggingConfig:
 
 
 TP_REDUCE_DTYPES = ("bf16", "fp32")  # mesh.tp_reduce_dtype
+MOCK_SOURCES = ("mock", "mock_uniform")  # data.source values that read no tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

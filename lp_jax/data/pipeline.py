@@ -126,12 +126,13 @@ class PackedSequences:
 
 
 class MockSequences:
-    """Deterministic random tokens, one document per sequence (for benchmarks).
+    """Deterministic uniform random tokens, one document per sequence (``data.source=
+    mock_uniform``: shapes for benchmarks, nothing to learn).
 
     Sequence ``i`` depends only on (seed, i), so it needs no files and resumes exactly.
     """
 
-    shuffles_itself = True  # random per index already: train_iterator adds no shuffle
+    shuffles_itself = True  # already random per index: train_iterator adds no shuffle
 
     def __init__(self, vocab_size: int, seq_len: int, seed: int, length: int = 1 << 40,
                  rules: DocumentRules = DocumentRules()):
@@ -147,6 +148,91 @@ class MockSequences:
         return pack_window(window, np.zeros(len(window), bool), self.rules)
 
 
+# Megatron's MockGPTLowLevelDataset (megatron/core/datasets/gpt_dataset.py): a fixed set of
+# documents whose lengths come from a generator of its own hard-coded seed.
+MEGATRON_MOCK_DOCUMENTS = 100_000
+MEGATRON_MOCK_MAX_LENGTH = 4096  # lengths are drawn from [1, 4096)
+MEGATRON_MOCK_LENGTH_SEED = 0
+# Megatron Bridge's dataset split "9999,8,2" of those documents, by Megatron's rounding
+# (train, validation; the last 20 are its test split).
+MEGATRON_MOCK_SPLITS = {"train": (0, 99_900), "validation": (99_900, 99_980)}
+
+
+def megatron_mock_lengths() -> np.ndarray:
+    """The token count (EOD included) of each of Megatron's mock documents."""
+    rng = np.random.default_rng(MEGATRON_MOCK_LENGTH_SEED)
+    return rng.integers(1, MEGATRON_MOCK_MAX_LENGTH, size=MEGATRON_MOCK_DOCUMENTS, dtype=np.int32)
+
+
+class MegatronMockSequences:
+    """Megatron's mock pretraining data (``data.source=mock``), as Megatron Bridge trains
+    on it: learnable, since each document counts up.
+
+    Document ``d`` of ``megatron_mock_lengths()`` is the ids 1, 2, ..., length - 1 and EOD.
+    As Megatron's GPTDataset builds one epoch, the split's documents are shuffled with
+    ``numpy.random.RandomState(seed)``, concatenated, cut into sequences of ``seq_len + 1``
+    tokens every ``seq_len`` (the partial last one dropped), and the sequences shuffled with
+    the same generator. Megatron shuffles the documents of all the epochs a run needs
+    together, so the rows are Megatron's while a run stays within one epoch (about 205M
+    training tokens); later epochs repeat the first.
+
+    EOD is the model's last id, as Megatron's NullTokenizer puts EOD after its ids. A
+    vocabulary of fewer than 4,096 ids cannot hold the counts: they wrap around to 1
+    after ``vocab_size - 2``.
+    """
+
+    shuffles_itself = True  # the order is Megatron's: train_iterator adds no shuffle
+
+    def __init__(self, split: str, vocab_size: int, seq_len: int, seed: int,
+                 rules: DocumentRules = DocumentRules()):
+        if vocab_size < 3:
+            raise UserError(f"model.vocab_size={vocab_size} is too small for data.source=mock: "
+                            "Megatron's mock documents need EOD and two counting ids")
+        self.split, self.vocab_size, self.seq_len, self.seed = split, vocab_size, seq_len, seed
+        self.rules, self.eod_id = rules, vocab_size - 1
+        first, end = MEGATRON_MOCK_SPLITS[split]
+        random = np.random.RandomState(seed)
+        documents = np.arange(first, end, dtype=np.int32)
+        random.shuffle(documents)
+        self._random_after_documents = random.get_state()  # where the sample shuffle starts
+        self.documents = documents
+        self.lengths = megatron_mock_lengths()[documents].astype(np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)])  # each document's first token
+        # Each sequence reads one token past its seq_len (its last target).
+        self.length = int((self.starts[-1] - 1) // seq_len)
+        if self.length == 0:
+            raise UserError(f"data.seq_len={seq_len} is longer than the {int(self.starts[-1]):,} "
+                            f"tokens of Megatron's mock {split} documents")
+        self._order = None  # built on first read (millions of entries at short seq_len)
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def order(self) -> np.ndarray:
+        """Megatron's sample shuffle: the sequence read at each index."""
+        if self._order is None:  # grain's threads may race here: each builds the same order
+            random = np.random.RandomState()
+            random.set_state(self._random_after_documents)
+            order = np.arange(self.length, dtype=np.int64)
+            random.shuffle(order)
+            self._order = order
+        return self._order
+
+    def tokens(self, first: int, count: int) -> np.ndarray:
+        """Tokens ``first .. first + count - 1`` of the concatenated documents."""
+        at = np.arange(first, first + count, dtype=np.int64)
+        document = np.searchsorted(self.starts, at, side="right") - 1
+        offset = at - self.starts[document]
+        count_up = 1 + offset % (self.vocab_size - 2)
+        return np.where(offset == self.lengths[document] - 1, self.eod_id, count_up)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        sequence = int(self.order[int(index)])
+        window = self.tokens(sequence * self.seq_len, self.seq_len + 1)
+        return pack_eod_sequence(window, self.eod_id, self.rules)
+
+
 @dataclasses.dataclass
 class Splits:
     """The train and validation sources of a run (val None: no validation)."""
@@ -160,9 +246,14 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
     """The sources named by a DataConfig (text is tokenized into the cache on first use)."""
     rules = DocumentRules.from_config(data_cfg)
     if data_cfg.source == "mock":
+        train, val = (MegatronMockSequences(split, vocab_size, data_cfg.seq_len, seed, rules)
+                      for split in ("train", "validation"))
+        return Splits(train, val, f"Megatron's mock documents ({len(train):,} training "
+                                  f"sequences, EOD {train.eod_id})")
+    if data_cfg.source == "mock_uniform":
         val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED, rules=rules)
         return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed, rules=rules), val,
-                      f"mock tokens (vocab {vocab_size})")
+                      f"uniform random tokens (vocab {vocab_size})")
     binary: list[str] = []
     if data_cfg.source == "text":
         try:

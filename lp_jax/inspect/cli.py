@@ -77,12 +77,13 @@ def _model(run_dir: str, hf: str | None):
 
 def _batches(saved, vocab_size: int, n: int, mesh) -> list:
     """N global batches of the run's data ([1, global, L]: one micro-batch each)."""
+    from lp_jax.config.schema import MOCK_SOURCES
     from lp_jax.data import pipeline as data_lib
     from lp_jax.data.tokenizers import get_tokenizer
     from lp_jax.training.state import place_batch
 
     d = saved.config.data
-    tokenizer = None if d.source == "mock" else get_tokenizer(d.tokenizer)
+    tokenizer = None if d.source in MOCK_SOURCES else get_tokenizer(d.tokenizer)
     splits = data_lib.open_splits(d, tokenizer, vocab_size, saved.config.seed, progress=False)
     source = splits.val if splits.val is not None else splits.train
     return [place_batch(b, 1, mesh) for b in data_lib.validation_batches(source, d.global_batch_size, n)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from lp_jax.config.schema import TrainConfig
+from lp_jax.config.schema import MOCK_SOURCES, TrainConfig
 from lp_jax.data.tokenizers import Tokenizer, get_tokenizer
 from lp_jax import model_registry
 from lp_jax.errors import UserError, one_line
@@ -17,7 +17,7 @@ VOCAB_MULTIPLE = 128  # embedding rows rounded up for tensor-core friendly shape
 
 def run_tokenizer(c: TrainConfig) -> Tokenizer | None:
     """The tokenizer of the run's data (None for mock tokens); UserError if it cannot load."""
-    if c.data.source == "mock":
+    if c.data.source in MOCK_SOURCES:
         return None
     try:
         return get_tokenizer(c.data.tokenizer)

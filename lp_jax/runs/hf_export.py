@@ -19,6 +19,7 @@ import os
 from typing import Any, Callable
 
 from lp_jax import model_registry
+from lp_jax.config.schema import MOCK_SOURCES
 from lp_jax.data.tokenizers import get_tokenizer, write_tokenizer_files
 from lp_jax.errors import UserError, one_line
 from lp_jax.runs.run_folder import SavedRun, open_and_restore
@@ -33,7 +34,7 @@ def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
     saved, model = open_and_restore(source, step)
     model_registry.check_hf_checkpoints(saved.config.model.type, source)
     data = saved.config.data
-    tokenizer = None if data.source == "mock" else data.tokenizer  # mock tokens have none
+    tokenizer = None if data.source in MOCK_SOURCES else data.tokenizer  # mock tokens have none
     if tokenizer is not None:
         _check_tokenizer(source, tokenizer)
     dt = "float32" if dtype is None else str(dtype)

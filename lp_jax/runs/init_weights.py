@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx import traversals
 
-from lp_jax.config.schema import TrainConfig
+from lp_jax.config.schema import MOCK_SOURCES, TrainConfig
 from lp_jax.data.tokenizers import get_tokenizer
 from lp_jax import model_registry
 from lp_jax.errors import UserError
@@ -99,7 +99,7 @@ def _run_source(spec: str, key: str, model_type: str):
     if saved.config.model.type != model_type:
         raise UserError(f"{key}: its weights are model.type={saved.config.model.type!r}, "
                         f"the run's is {model_type!r}")
-    source_tokenizer = None if saved.config.data.source == "mock" else saved.config.data.tokenizer
+    source_tokenizer = None if saved.config.data.source in MOCK_SOURCES else saved.config.data.tokenizer
     return saved.model_config, source_tokenizer
 
 

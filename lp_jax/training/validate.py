@@ -15,7 +15,7 @@ import jax
 
 import lp_jax
 from lp_jax.config.recipe_options import split_overrides
-from lp_jax.config.schema import TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
+from lp_jax.config.schema import MOCK_SOURCES, TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.data import shards
 from lp_jax.data.prepare_data import split_by_file, text_files
@@ -32,7 +32,7 @@ from lp_jax.runs.writable import write_problem
 from models.config import SHAPE_FIELDS, LlamaConfig
 from models.files import folder_problem
 
-SOURCES = ("text", "tokens", "mock")
+SOURCES = ("text", "tokens", *MOCK_SOURCES)
 DECAYS = ("cosine", "linear", "constant")
 ON_NONFINITE = ("skip", "stop")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")

@@ -1,6 +1,7 @@
-"""Megatron's packing switches: the examples carry exactly what Megatron's GPTDataset
-builds (a NumPy transcription of its _get_ltor_masks_and_position_ids, for every setting of
-the three switches)."""
+"""Megatron's packing switches and mock data: the examples carry exactly what Megatron's
+GPTDataset builds (a NumPy transcription of its _get_ltor_masks_and_position_ids, for every
+setting of the three switches), the mock rows are Megatron's MockGPTLowLevelDataset
+documents laid out as GPTDataset lays them out, and that stream can be learned."""
 import itertools
 
 import jax.numpy as jnp
@@ -12,8 +13,11 @@ from lp_jax.data import pipeline as data
 from lp_jax.data.pipeline import DocumentRules
 from lp_jax.data.tokenizers import ByteTokenizer
 from lp_jax.errors import UserError
+from lp_jax.training.state import place_batch
+from lp_jax.training.step import train_step
 from lp_jax.training.validate import resolve
 from models.llama import causal_document_mask
+from tests.support.toy_models import LM_VOCAB, setup
 
 BOS, EOS = ByteTokenizer.bos_id, ByteTokenizer.eos_id
 EOD = 99
@@ -86,3 +90,77 @@ def test_the_switches_are_validated(tmp_path):
     assert str(info.value).startswith("data.reset_position_ids=True is invalid: positions restart")
     with pytest.raises(UserError, match="'data.eod_mask_loss' must be true or false, got 'sometimes'"):
         load_config(None, ["data.eod_mask_loss=sometimes"])
+
+
+def megatron_mock_rows(seq_len, seed, vocab_size, count):
+    """The first ``count`` rows of Megatron's mock training data, built as Megatron builds
+    them, document by document."""
+    lengths = np.random.default_rng(0).integers(1, 4096, size=100_000, dtype=np.int32)
+    documents = np.arange(0, 99_900, dtype=np.int32)  # Bridge's split 9999,8,2
+    random = np.random.RandomState(seed)
+    random.shuffle(documents)
+    starts = np.concatenate([[0], np.cumsum(lengths[documents], dtype=np.int64)])
+    samples = np.arange((starts[-1] - 1) // seq_len, dtype=np.uint32)
+    random.shuffle(samples)
+    rows = []
+    for sample in samples[:count]:
+        first, last = int(sample) * seq_len, int(sample) * seq_len + seq_len  # last included
+        d0, d1 = np.searchsorted(starts, [first, last], side="right") - 1
+        text = np.concatenate([np.append(np.arange(1, lengths[d]), vocab_size - 1)
+                               for d in documents[d0:d1 + 1]])
+        rows.append(text[first - starts[d0]:last - starts[d0] + 1])
+    return rows
+
+
+def test_mock_rows_are_megatrons():
+    source = data.MegatronMockSequences("train", 128_256, seq_len=2048, seed=1234)
+    tokens = int(np.random.default_rng(0).integers(1, 4096, 100_000, dtype=np.int32)[:99_900].sum())
+    assert len(source) == (tokens - 1) // 2048 and tokens > 200e6  # sequences of one epoch
+    for index, want in enumerate(megatron_mock_rows(2048, 1234, 128_256, 4)):
+        example = source[index]
+        np.testing.assert_array_equal(example["tokens"], want[:-1])
+        np.testing.assert_array_equal(example["targets"], want[1:])
+        np.testing.assert_array_equal(example["loss_mask"], want[:-1] != 128_255)
+    row = source[0]["tokens"]
+    after_eod = row[1:][row[:-1] == 128_255]
+    assert len(after_eod) and (after_eod == 1).all()  # each document counts up from 1
+    # The validation split is Megatron's too: its own 80 documents, the same seed.
+    val = data.MegatronMockSequences("validation", 128_256, seq_len=2048, seed=1234)
+    assert 0 < len(val) < 200 and not np.array_equal(val[0]["tokens"], row)
+
+
+def test_mock_counts_wrap_in_a_small_vocabulary():
+    source = data.MegatronMockSequences("train", 384, seq_len=4096, seed=0)
+    tokens = np.concatenate([source[i]["tokens"] for i in range(3)])
+    assert tokens.min() >= 1 and tokens.max() == 383  # EOD is the last id
+    counts = tokens[tokens != 383]
+    assert counts.max() == 382 and (np.diff(counts) == 1).mean() > 0.9  # 1, 2, ..., 382, 1, ...
+    with pytest.raises(UserError, match="data.seq_len=999999 is longer than the"):
+        data.MegatronMockSequences("validation", 384, seq_len=999_999, seed=0)
+
+
+def test_the_mock_sources_are_selected_by_name(tmp_path):
+    config = load_config(None, ["data.source=mock", "data.seq_len=64"])
+    splits = data.open_splits(config.data, None, LM_VOCAB, seed=3)
+    assert isinstance(splits.train, data.MegatronMockSequences) and splits.val.split == "validation"
+    uniform = load_config(None, ["data.source=mock_uniform", "data.seq_len=64"])
+    assert isinstance(data.open_splits(uniform.data, None, LM_VOCAB, seed=3).train, data.MockSequences)
+
+
+def _losses(source, steps):
+    graphdef, spec, state = setup()
+    stream = data.train_iterator(source, 0, 8, read_threads=0)
+    losses = []
+    for _ in range(steps):
+        state, m = train_step(graphdef, spec, state, place_batch(next(stream), 1, spec.mesh))
+        losses.append(float(m["loss"]))
+    return losses
+
+
+def test_megatron_mock_is_learnable_where_uniform_tokens_are_not():
+    # The toy LM reads one token (and its position): enough to learn "the next id is one more".
+    # 64 tokens a row (the toy takes any length): 3.2M rows for Megatron's shuffle, not 25M.
+    megatron = _losses(data.MegatronMockSequences("train", LM_VOCAB, 64, seed=0), 20)
+    uniform = _losses(data.MockSequences(LM_VOCAB, 64, seed=0), 20)
+    assert np.mean(megatron[-3:]) < 0.5 * megatron[0]
+    assert np.mean(uniform[-3:]) > np.log(LM_VOCAB) - 0.3
