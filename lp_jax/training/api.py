@@ -51,8 +51,12 @@ def llama3_8b_low_precision_pretrain_config(
     """Llama 3 8B with Megatron Bridge's low-precision pretraining recipe (docs/numerics.md)
     in the given precision.
 
-    With no ``data_paths`` (or ``mock=True``) the data are Bridge's mock data: random
-    tokens, for benchmarks. Raises UserError (a ValueError) for an unknown recipe or key.
+    With no ``data_paths`` (or ``mock=True``) the data are Megatron's mock documents, as
+    Bridge's mock data are (``data.source=mock``: ascending ids, random lengths, EOD).
+    Documents are packed as Bridge packs them (plain causal attention over a sequence,
+    positions running on, every target scored) and a non-finite gradient stops the run,
+    as Bridge's ``check_for_nan_in_grad`` does. Raises UserError (a ValueError) for an
+    unknown recipe or key.
     """
     if mixed_precision_recipe not in BRIDGE_RECIPES:
         raise UserError(f"mixed_precision_recipe={mixed_precision_recipe!r} is not one of "
@@ -70,8 +74,12 @@ def llama3_8b_low_precision_pretrain_config(
         f"data.seq_len={seq_length}",
         f"data.global_batch_size={global_batch_size}",
         f"data.micro_batch_size={micro_batch_size}",
+        # Bridge's GPTDatasetConfig: reset_attention_mask, reset_position_ids, eod_mask_loss.
+        "data.reset_attention_mask=false", "data.reset_position_ids=false",
+        "data.eod_mask_loss=false",
         "optimizer.b1=0.9", "optimizer.b2=0.95", f"optimizer.eps={adam_eps}",
         "optimizer.weight_decay=0.033", "optimizer.clip_grad_norm=1.0",
+        "optimizer.on_nonfinite=stop",  # Bridge's ddp.check_for_nan_in_grad raises
         f"schedule.peak_lr={lr}", f"schedule.min_lr={min_lr}", "schedule.init_lr=0.0",
         f"schedule.warmup_steps={lr_warmup_iters}",
         f"schedule.decay_steps={'null' if lr_decay_iters is None else lr_decay_iters}",

@@ -161,10 +161,40 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
                          "logging.val_batches=1")
     result = api.pretrain(small)
     assert result.step == 3 and math.isfinite(result.loss)
+    # Bridge raises on a non-finite gradient (check_for_nan_in_grad): so does its recipe
+    # here, at the first one, with the last good checkpoint as it was (same compiled step).
+    nan_dir = os.path.join(str(tmp_path), "nan")
+    with pytest.raises(NonFiniteLossError) as info:
+        api.pretrain(api.override(small, f"run_dir={nan_dir}", "checkpoint.every=2",
+                                  "debug.inject_nan_at_steps=[3]"))
+    assert str(info.value).startswith("step 3: loss nan") and "\n" not in str(info.value)
+    assert "the last checkpoint (step 2) is untouched" in str(info.value)
+    ckpt = Checkpointer(os.path.join(nan_dir, "checkpoints"), 2)
+    assert ckpt.all_steps() == [2]
+    ckpt.close()
     kw = api.llama3_8b_low_precision_pretrain_config(mock=True, model__preset="tiny",
                                                      **{"optimizer.b2": 0.99})
     assert kw.model.preset == "tiny" and kw.optimizer.b2 == 0.99
     assert kw.precision.recipe == "bf16_with_fp8_current_scaling_mixed"
+
+
+@pytest.mark.parametrize("recipe, bridge_name", [
+    ("bf16", "bf16_mixed"), ("fp8_cs", "bf16_with_fp8_current_scaling_mixed"),
+    ("fp8_block", "bf16_with_fp8_subchannel_scaling_mixed"), ("mxfp8", "bf16_with_mxfp8_mixed"),
+    ("nvfp4", "bf16_with_nvfp4_mixed")])
+def test_bridge_configs_pack_and_stop_as_bridge(recipe, bridge_name):
+    """The Bridge-named configs and the API: Megatron's packing switches at Bridge's values
+    (plain causal attention, running positions, every target scored) and a stop at the
+    first non-finite step; the tiny configs keep per-document packing."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for c in (load_config(os.path.join(root, "configs", f"llama3_8b_{recipe}.yaml"), []),
+              api.llama3_8b_low_precision_pretrain_config(bridge_name)):
+        d = c.data
+        assert (d.reset_attention_mask, d.reset_position_ids, d.eod_mask_loss) == (False, False, False)
+        assert c.optimizer.on_nonfinite == "stop"
+    tiny = load_config(os.path.join(root, "configs", f"tiny_{recipe}.yaml"), [])
+    assert (tiny.data.reset_attention_mask, tiny.data.reset_position_ids, tiny.data.eod_mask_loss,
+            tiny.optimizer.on_nonfinite) == (True, True, True, "skip")
 
 
 def test_resume_warns_about_changed_config_keys():
