@@ -82,8 +82,10 @@ def test_fp8_cs_fused_gemm_takes_the_fused_tensors_scale():
     attn.k_proj.kernel[...] = attn.k_proj.kernel[...] * 4.0  # k holds the fused amax
     fused = _fused_copy(separate)
     recipe = lp.get_recipe("fp8_cs", policy="F0L0")
-    for model in (separate, fused):
-        lp.apply_recipe(model, recipe)
+    lp.apply_recipe(separate, recipe)
+    report = lp.apply_recipe(fused, recipe)
+    assert sorted(report.quantized) == ["layers/0/attn/o_proj", "layers/0/attn/qkv",
+                                        "layers/0/mlp/down_proj", "layers/0/mlp/gate_up"]
     x = jax.random.normal(jax.random.key(1), (2, 8, cfg.hidden_size), jnp.bfloat16)
     dims = (((2,), (0,)), ((), ()))
     dot = lp.dot_general(recipe)
