@@ -125,6 +125,10 @@ class LlamaConfig:
     # from gate and up, which SwiGLU's backward keeps anyway, instead of saving them: one
     # elementwise pass and quantization more per layer (models.layers.MLP).
     recompute_mlp_product: bool = False
+    # One QKV and one gate/up Linear per layer (`attn/qkv`, `mlp/gate_up`) in Megatron's
+    # layout instead of five (models.fused_projections): one GEMM, and in a quantized recipe
+    # one set of scales, each. The weights convert exactly between the two layouts.
+    fused_projections: bool = False
     dtype: Any = jnp.bfloat16  # compute dtype: activations, matmul inputs, logits
     param_dtype: Any = jnp.float32  # master weights
 
@@ -142,9 +146,9 @@ class LlamaConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {', '.join(REMAT_POLICIES)}")
-        if not isinstance(self.recompute_mlp_product, bool):
-            raise ValueError(f"recompute_mlp_product must be true or false, got "
-                             f"{self.recompute_mlp_product!r}")
+        for name in ("recompute_mlp_product", "fused_projections"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention_impl={self.attention_impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0 or not self.init_std > 0:
@@ -214,14 +218,15 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
 
 # LlamaConfig fields that fix the parameters' shapes (and tying): a checkpoint or a set of
 # weights decides them; the others (remat, scan, attention kernel, dtypes, RoPE base, ...)
-# may differ between runs that share weights.
+# may differ between runs that share weights. fused_projections is not among them: weights
+# of either layout convert exactly to the other (models.fused_projections).
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "tie_embeddings")
 # The fields that make a model compute what it computes (its shapes, RoPE, norm, context
 # length and layer layout): what a reader of saved weights rebuilds. Remat, the attention
 # kernel and the dtypes are choices of the program that runs it.
 ARCHITECTURE_FIELDS = SHAPE_FIELDS + ("rope_theta", "rope_scaling", "rms_norm_eps", "max_seq_len",
-                                      "scan_layers")
+                                      "scan_layers", "fused_projections")
 
 
 def architecture(cfg: LlamaConfig, **choices) -> LlamaConfig:

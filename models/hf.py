@@ -27,6 +27,7 @@ from safetensors.numpy import save_file
 
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
 from models.files import file_mode, read_json_object
+from models.fused_projections import fuse_flat, separate_flat
 from models.hf_config import IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf, tensor_map
 from models.llama import Llama
 from models.orbax_quiet import SaveThreadErrorsHushed, failed_writes_hushed
@@ -129,7 +130,9 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
 
 
 def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    # Hugging Face keeps q/k/v and gate/up apart: the shapes are those of the separate layout.
+    separate = cfg.replace(fused_projections=False)
+    abstract = nnx.eval_shape(lambda: Llama(separate, rngs=nnx.Rngs(0)))
     flat = dict(nnx.to_flat_state(nnx.state(abstract)))
     return {name: tuple(reversed(flat[p].shape)) if t else tuple(flat[p].shape)
             for name, p, t in tensor_map(cfg)}
@@ -137,12 +140,13 @@ def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 def param_arrays(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> dict[tuple, np.ndarray]:
     """HF tensors as host arrays keyed by our parameter paths ([in, out] kernels), in
-    cfg.param_dtype; the trainer places these on its mesh without a copy on one device."""
+    cfg.param_dtype; the trainer places these on its mesh without a copy on one device.
+    With cfg.fused_projections, q/k/v and gate/up are joined in Megatron's layout."""
     out = {}
     for name, p, transpose in tensor_map(cfg):
         array = tensors[name].T if transpose else tensors[name]
         out[p] = array.astype(cfg.param_dtype)
-    return out
+    return fuse_flat(out, cfg) if cfg.fused_projections else out
 
 
 def read_params(path: str, cfg: LlamaConfig) -> dict[tuple, np.ndarray]:
@@ -159,11 +163,14 @@ def model_from_tensors(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> Llam
     return nnx.merge(graphdef, state)
 
 
-def load_hf(path: str, dtype=jnp.bfloat16, *, param_dtype=jnp.float32) -> Llama:
+def load_hf(path: str, dtype=jnp.bfloat16, *, param_dtype=jnp.float32,
+            fused_projections: bool = False) -> Llama:
     """The model of an HF Llama folder; its call computes in `dtype`, its parameters are kept
-    in `param_dtype` (float32 master weights by default; BF16 or F16 files widen exactly)."""
+    in `param_dtype` (float32 master weights by default; BF16 or F16 files widen exactly);
+    `fused_projections` joins q/k/v and gate/up (models.fused_projections)."""
     dtype, param_dtype = _check_dtype(dtype, "dtype"), _check_dtype(param_dtype, "param_dtype")
     cfg = config_from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
+    cfg = cfg.replace(fused_projections=fused_projections)
     return model_from_tensors(cfg, _read_tensors(path, cfg))
 
 
@@ -182,10 +189,12 @@ def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
     """The model's parameters as HF-named numpy arrays in `dtype` (default: param_dtype)."""
     cfg = model.config
     dt = _check_dtype(cfg.param_dtype if dtype is None else dtype, "export dtype")
-    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    flat = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    if cfg.fused_projections:
+        flat = separate_flat(flat, cfg)
     out = {}
     for name, p, transpose in tensor_map(cfg):
-        src = np.asarray(flat[p][...])
+        src = flat[p]
         src = src.T if transpose else src
         with np.errstate(over="ignore"):  # overflow is detected just below, with a clear error
             array = np.ascontiguousarray(src).astype(dt)

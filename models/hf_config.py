@@ -130,7 +130,8 @@ _LAYER_TENSORS = (
 
 
 def tensor_map(cfg: LlamaConfig) -> Iterator[tuple[str, tuple, bool]]:
-    """(HF tensor name, our parameter path, transpose) for every parameter of the model."""
+    """(HF tensor name, our parameter path, transpose) for every parameter of the model in
+    the separate layout (models.fused_projections joins q/k/v and gate/up from it)."""
     yield "model.embed_tokens.weight", ("embed", "embedding"), False
     for i in range(cfg.num_layers):
         for hf_name, path, transpose in _LAYER_TENSORS:

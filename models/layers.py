@@ -3,7 +3,8 @@
 Shape suffixes: B batch, T query length, S key length, D hidden, N query heads, K KV heads,
 G = N / K heads per KV group, H head_dim, F intermediate, V vocabulary.
 Every projection is a plain `nnx.Linear` with the default dot_general, so `lp_jax.apply_recipe`
-can swap its `dot_general` in place; nothing here knows about precision recipes.
+can swap its `dot_general` in place; nothing here knows about precision recipes. With
+`fused_projections`, q/k/v are one Linear and gate/up another (models.fused_projections).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from jax.ad_checkpoint import checkpoint_name
 from models.activation_vjp import rms_norm, rope, swiglu
 from models.config import REBUILD_SAVED, LlamaConfig, output_init_std
 from models.cudnn_attention import cudnn_attention
+from models.fused_projections import split_gate_up, split_qkv
 from models.sharding import constrain
 
 # Logical activation axes (``models.sharding``): no-ops unless a trainer maps them to a mesh.
@@ -114,9 +116,12 @@ class Attention(nnx.Module):
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = _linear(cfg, rngs, d, q, cfg.init_std)
-        self.k_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
-        self.v_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
+        if cfg.fused_projections:
+            self.qkv = _linear(cfg, rngs, d, q + 2 * kv, cfg.init_std)
+        else:
+            self.q_proj = _linear(cfg, rngs, d, q, cfg.init_std)
+            self.k_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
+            self.v_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
         self.o_proj = _linear(cfg, rngs, q, d, output_init_std(cfg))
 
     def __call__(self, x_BxTxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
@@ -124,10 +129,11 @@ class Attention(nnx.Module):
         (output, updated cache), the new keys written at `cache_index`."""
         cfg = self.config
         b, t, _ = x_BxTxD.shape
+        q, k, v = self._project(x_BxTxD)
         # Names for the remat policies (models.config.MEGATRON_SAVED).
-        q = checkpoint_name(self.q_proj(x_BxTxD), "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
-        k = checkpoint_name(self.k_proj(x_BxTxD), "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
-        v = checkpoint_name(self.v_proj(x_BxTxD), "v").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        q = checkpoint_name(q, "q").reshape(b, t, cfg.num_heads, cfg.head_dim)
+        k = checkpoint_name(k, "k").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+        v = checkpoint_name(v, "v").reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
         # Tensor parallelism splits whole heads: each rank attends with its own heads.
         q = constrain(q, ("batch", "sequence", "heads", "head_dim"))
         k = constrain(k, ("batch", "sequence", "kv_heads", "head_dim"))
@@ -145,6 +151,13 @@ class Attention(nnx.Module):
         out = constrain(self.o_proj(out), BLD)
         return out if cache is None else (out, (k, v))
 
+    def _project(self, x_BxTxD):
+        """(q [B, T, N*H], k [B, T, K*H], v [B, T, K*H]): one GEMM or three."""
+        cfg = self.config
+        if cfg.fused_projections:
+            return split_qkv(self.qkv(x_BxTxD), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        return self.q_proj(x_BxTxD), self.k_proj(x_BxTxD), self.v_proj(x_BxTxD)
+
 
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); the gating is computed in float32, and its backward
@@ -158,14 +171,21 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         d, f = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = _linear(cfg, rngs, d, f, cfg.init_std)
-        self.up_proj = _linear(cfg, rngs, d, f, cfg.init_std)
+        self.fused = cfg.fused_projections
+        if self.fused:
+            self.gate_up = _linear(cfg, rngs, d, 2 * f, cfg.init_std)
+        else:
+            self.gate_proj = _linear(cfg, rngs, d, f, cfg.init_std)
+            self.up_proj = _linear(cfg, rngs, d, f, cfg.init_std)
         self.down_proj = _linear(cfg, rngs, f, d, output_init_std(cfg))
         self.recompute_product = cfg.recompute_mlp_product
 
     def __call__(self, x_BxLxD):
-        gate = checkpoint_name(self.gate_proj(x_BxLxD), "gate")
-        up = checkpoint_name(self.up_proj(x_BxLxD), "up")
+        if self.fused:
+            gate, up = split_gate_up(self.gate_up(x_BxLxD))
+        else:
+            gate, up = self.gate_proj(x_BxLxD), self.up_proj(x_BxLxD)
+        gate, up = checkpoint_name(gate, "gate"), checkpoint_name(up, "up")
         down = _rebuilt_in_backward(_down_of_product) if self.recompute_product else _down_of_product
         return constrain(down((self.down_proj,), gate, up), BLD)
 

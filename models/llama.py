@@ -7,7 +7,8 @@
 
 Module paths are a contract with lp_jax's precision swapper, which picks Linears by path and
 reads the layer index right after `layers`: `embed`, `layers/<i>/{attn_norm, attn/{q,k,v,o}_proj,
-mlp_norm, mlp/{gate,up,down}_proj}`, `final_norm`, `lm_head` (absent when tied). Layers are
+mlp_norm, mlp/{gate,up,down}_proj}`, `final_norm`, `lm_head` (absent when tied); with
+`fused_projections`, `attn/qkv` and `mlp/gate_up` stand for q/k/v and gate/up. Layers are
 stored unrolled whatever `scan_layers` says; with it, runs of equal layers are scanned
 (docs/models.md, "Scanned layers and remat").
 """

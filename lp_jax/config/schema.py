@@ -173,6 +173,11 @@ class ModelConfig:
     # beside the BF16 gate and up; BF16 keeps the product, as Megatron's layer does
     # (models.layers.MLP; docs/models.md).
     recompute_mlp_product: Optional[bool] = None
+    # One QKV and one gate/up Linear per layer (attn/qkv, mlp/gate_up) in Megatron's layout,
+    # each one GEMM with one set of scales, instead of five; None keeps the weights' layout
+    # (the presets': separate). A checkpoint of the other layout is converted exactly on
+    # resume and by init.checkpoint (models.fused_projections).
+    fused_projections: Optional[bool] = None
     # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
     # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
     dtype: str = "bfloat16"

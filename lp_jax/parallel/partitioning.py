@@ -28,8 +28,12 @@ PARAM_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"(^|/)embed/embedding$", ("vocab", "embed")),
     (r"(^|/)attn/q_proj/kernel$", ("embed", "heads")),
     (r"(^|/)attn/[kv]_proj/kernel$", ("embed", "kv_heads")),
+    # Fused (models.fused_projections): qkv is laid out per KV group, so a split over whole
+    # groups gives each tensor rank the q, k and v of its own heads.
+    (r"(^|/)attn/qkv/kernel$", ("embed", "heads")),
     (r"(^|/)attn/o_proj/kernel$", ("heads", "embed")),
     (r"(^|/)mlp/(gate|up)_proj/kernel$", ("embed", "mlp")),
+    (r"(^|/)mlp/gate_up/kernel$", ("embed", "mlp")),
     (r"(^|/)mlp/down_proj/kernel$", ("mlp", "embed")),
     (r"(^|/)lm_head/kernel$", ("embed", "vocab")),
     (r"(^|/)\w*norm/scale$", ("norm",)),

@@ -136,7 +136,9 @@ class Checkpointer:
         return meta
 
     def restore_newest(self, abstract_state: Any, data_iterator: Any,
-                       check: Callable[[int, dict], None] | None = None) -> Resumed:
+                       check: Callable[[int, dict], None] | None = None,
+                       saved_as: Callable[[int, dict], tuple[Any, Callable] | None] | None = None
+                       ) -> Resumed:
         """The newest checkpoint that restores completely.
 
         Newer ones that do not (a truncated array file, garbled metadata, a missing item,
@@ -144,17 +146,24 @@ class Checkpointer:
         one has restored, renamed ``<step>.damaged`` (kept for a look, out of Orbax's
         sight) so the run can save those steps again. ``check(step, meta)`` runs before a
         step's state is read, and what it raises propagates: a checkpoint of another model
-        is not damaged and must not be set aside. With no usable checkpoint, ``step`` is
-        None and nothing is renamed."""
+        is not damaged and must not be set aside. ``saved_as(step, meta)`` gives (the target
+        of the tree the step holds, a function from that tree to ``abstract_state``'s) for a
+        step saved in another layout, None otherwise; a failed conversion propagates (the
+        checkpoint is not damaged). With no usable checkpoint, ``step`` is None and nothing
+        is renamed."""
         def attempt(step: int) -> tuple[Any, str | None]:
             meta, reason = _attempt(lambda: self.read_meta(step))
             if reason is None and check is not None:
                 check(step, meta)
-            restored = None
+            restored, (target, convert) = None, (abstract_state, None)
+            if reason is None and saved_as is not None:
+                target, convert = saved_as(step, meta) or (target, convert)
             if reason is None:
-                restored, reason = _attempt(lambda: self.restore(step, abstract_state, data_iterator))
+                restored, reason = _attempt(lambda: self.restore(step, target, data_iterator))
             if not _on_every_process(reason is None):  # all resume from the same step
                 return None, reason or "another process could not restore it"
+            if convert is not None:
+                restored = (convert(restored[0]), restored[1])
             return restored, None
 
         step, restored, skipped = newest_that_restores(self.all_steps(), attempt)

@@ -24,6 +24,7 @@ from lp_jax import model_registry
 from lp_jax.errors import UserError
 from lp_jax.runs.run_folder import checkpoint_folder, open_and_restore, open_run, split_step
 from models.config import SHAPE_FIELDS
+from models.fused_projections import layout_name, value_at
 from models.hf import HFError, check_tensors, read_hf_config, read_params
 from models.hf_config import config_from_hf
 
@@ -157,9 +158,9 @@ def load(plan, state: dict, say: Callable[[str], Any] = print) -> dict:
     if c.init.hf:
         arrays, where = _hf_params(c.init.hf, plan.model_config), f"init.hf={c.init.hf}"
     else:
-        arrays, where = _run_params(c.init.checkpoint)
+        arrays, where = _run_params(c.init.checkpoint, plan.model_config)
     say(f"weights from {where}; optimizer moments and learning-rate schedule start fresh")
-    return {**state, "params": _placed(state["params"], arrays)}
+    return {**state, "params": _placed(state["params"], arrays, plan.model_config)}
 
 
 def _hf_params(path: str, cfg):
@@ -171,22 +172,28 @@ def _hf_params(path: str, cfg):
         raise UserError(f"init.hf={path}: {e}") from None
 
 
-def _run_params(spec: str):
-    """The source run's parameters as host arrays (restored through the first device)."""
+def _run_params(spec: str, model_config):
+    """The source run's parameters as host arrays (restored through the first device), in
+    the source's projection layout (``_placed`` converts them)."""
 
     saved, model = open_and_restore(*split_step(spec))
     flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
-    return ({path: np.asarray(var[...]) for path, var in flat},
-            f"init.checkpoint={spec} (step {saved.step}, trained in {saved.recipe})")
+    where = f"init.checkpoint={spec} (step {saved.step}, trained in {saved.recipe})"
+    fused = getattr(saved.model_config, "fused_projections", False)
+    if fused != model_config.fused_projections:
+        where += (f", its {layout_name(fused)} projections converted exactly to "
+                  f"{layout_name(model_config.fused_projections)}")
+    return {path: np.asarray(var[...]) for path, var in flat}, where
 
 
-def _placed(params, arrays: dict[tuple, Any]):
+def _placed(params, arrays: dict[tuple, Any], model_config):
     """`params` (an nnx.State of sharded arrays) with every leaf replaced by the host array
-    of the same path, each device receiving only its own slice of it (an FSDP-sharded 8B
-    run never gathers the whole model on one device)."""
+    of the same path (q/k/v and gate/up joined or split where the layouts differ), each
+    device receiving only its own slice of it (an FSDP-sharded 8B run never gathers the
+    whole model on one device)."""
     flat = {}
     for path, var in nnx.to_flat_state(params):
-        old, new = var[...], arrays[path]
+        old, new = var[...], value_at(path, arrays, model_config)
         if tuple(new.shape) != tuple(old.shape):  # validation should have caught it
             raise ValueError(f"initial weight {'/'.join(map(str, path))} has shape {new.shape}, "
                              f"the model needs {old.shape}")

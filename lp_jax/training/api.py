@@ -68,7 +68,7 @@ def llama3_8b_low_precision_pretrain_config(
         "seed=1234",
         f"steps={train_iters}",
         f"precision={mixed_precision_recipe}",
-        "model.preset=llama3_8b",
+        "model.preset=llama3_8b", "model.fused_projections=true",  # linear_qkv, linear_fc1
         f"data.source={'mock' if use_mock else 'tokens'}",
         "data.tokenizer=llama3",
         f"data.seq_len={seq_length}",

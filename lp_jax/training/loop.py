@@ -33,6 +33,7 @@ from lp_jax.runs.checkpoint import DAMAGED_SUFFIX, Checkpointer, CheckpointWrite
 from lp_jax.runs.run_lock import RunFolderLostError, RunLock
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.optimizer import make_optimizer
+from lp_jax.training.projection_layout import conversion_message, restore_in_saved_layout
 from lp_jax.training.quant_stats import QuantStatsProbe
 from lp_jax.training.state import abstract_state, init_state, place_batch, split_model
 from lp_jax.training.state_memory import check_state_fits, out_of_memory
@@ -148,6 +149,13 @@ def build(plan: ValidatedRun) -> _Run:
     shardings = spec.state_shardings(target)
     check_state_fits(target, shardings, f"model.preset={cfg.model.preset}")
 
+    def target_in_layout(fused: bool):
+        """The restore target of a state saved with the other projection layout."""
+        model_config = plan.model_config.replace(fused_projections=fused)
+        other = abstract_state(split_model(nnx.eval_shape(lambda: model_registry.build_model(
+            cfg.model.type, model_config, nnx.Rngs(cfg.seed)))), tx, cfg.seed)
+        return abstract_like(other, spec.state_shardings(other))
+
     run_dir = pathlib.Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as undo:  # what is opened is closed again if build fails
@@ -156,8 +164,8 @@ def build(plan: ValidatedRun) -> _Run:
             undo.callback(lock.release)
         ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
         undo.callback(ckpt.close)
-        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say)
-                        if cfg.checkpoint.resume else (0, None))
+        start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say,
+                                target_in_layout) if cfg.checkpoint.resume else (0, None))
         if primary:
             # Once the resume is settled: a run refused for another model leaves the config.yaml
             # that describes the checkpoints beside it (eval.py builds the model from it).
@@ -209,10 +217,13 @@ def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
     return lock
 
 
-def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say) -> tuple[int, dict | None]:
+def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
+            target_in_layout) -> tuple[int, dict | None]:
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is
     none yet; a folder whose checkpoints all fail, or that holds another model, is a
-    UserError (one line naming it), never a fresh start over the user's checkpoints."""
+    UserError (one line naming it), never a fresh start over the user's checkpoints. A
+    checkpoint of the other projection layout is converted (``target_in_layout(fused)``
+    is the target it restores into)."""
     cfg = plan.config
 
     def same_model_and_stream(step, meta):
@@ -232,7 +243,9 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say) -> tu
                 "length (data.global_batch_size can change); use another run_dir, or "
                 "init.checkpoint to start a new run from these weights")
 
-    found = ckpt.restore_newest(target, train_it, check=same_model_and_stream)
+    found = ckpt.restore_newest(target, train_it, check=same_model_and_stream,
+                                saved_as=restore_in_saved_layout(plan.model_config, target,
+                                                                 target_in_layout))
     for step, why in found.skipped:
         say(f"warning: checkpoint {step} in {ckpt.directory} cannot be restored ({why})"
             + (f"; set aside as {step}{DAMAGED_SUFFIX}" if found.step is not None else ""))
@@ -243,6 +256,9 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say) -> tu
                             "move the folder aside to start afresh")
         return 0, None
     say(f"resumed from step {found.step} ({ckpt.directory})")
+    converted = conversion_message(found.step, found.meta, plan.model_config)
+    if converted:
+        say(converted)
     _check_batch_change(found, cfg, train_it, say)
     changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
     if changed:

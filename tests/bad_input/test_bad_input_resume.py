@@ -117,6 +117,7 @@ def _saved(*overrides) -> dict:
 @pytest.mark.parametrize("saved, now, changes", [
     ([], ["model.hidden_size=128"], []),  # the preset's value written out is no change
     ([], ["precision=fp8_cs", "mesh.data=1", "schedule.peak_lr=1e-3", "model.remat=full"], []),
+    ([], ["model.fused_projections=true"], []),  # converted on resume (tests/runs/test_projection_layout.py)
     (["model.num_layers=2"], [], ["model.num_layers (checkpoint 2, now 4)"]),
     ([], ["model.tie_embeddings=true", "model.vocab_size=512"],
      ["model.vocab_size (checkpoint 384, now 512)", "model.tie_embeddings (checkpoint False, now True)"]),

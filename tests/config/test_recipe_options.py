@@ -144,7 +144,7 @@ MODEL_SAMPLES = {
     "rms_norm_eps": ("1e-6", 1e-6), "tie_embeddings": ("true", True), "max_seq_len": ("512", 512),
     "init_std": ("0.01", 0.01), "scan_layers": ("true", True), "remat": ("full", "full"),
     "attention_impl": ("cudnn", "cudnn"), "max_documents": ("8", 8),
-    "recompute_mlp_product": ("true", True),
+    "recompute_mlp_product": ("true", True), "fused_projections": ("true", True),
     "dtype": ("float32", jnp.dtype("float32")), "param_dtype": ("bfloat16", jnp.dtype("bfloat16")),
 }
 

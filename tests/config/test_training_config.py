@@ -38,6 +38,7 @@ def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     assert (s.init_lr, s.peak_lr, s.min_lr, s.warmup_steps, s.decay) == (0.0, 6e-4, 6e-6, 2000, "cosine")
     assert s.decay_steps is None  # cosine to min_lr at the last step
     assert c.model.param_dtype == "float32"
+    assert c.model.fused_projections is True  # Megatron's linear_qkv and linear_fc1
     # Bridge's 8B layout: data parallelism with the distributed optimizer (docs/scaling.md).
     m = c.mesh
     assert (m.data, m.fsdp, m.tensor, m.shard_optimizer) == (-1, 1, 1, True)

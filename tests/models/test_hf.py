@@ -77,6 +77,25 @@ def test_import_export_is_byte_identical(tmp_path):
         assert config_from_hf(d, dtype=tied.config.dtype, param_dtype=tied.config.param_dtype) == tied.config
 
 
+@pytest.mark.parametrize("folder", [UNTIED, TIED])
+def test_fused_projections_keep_parity_and_round_trip(tmp_path, folder):
+    """q/k/v and gate/up joined on import (Megatron's layout) and split on export: the same
+    logits as transformers' and as the separate layout's, and the same tensors written."""
+    ref = load_file(os.path.join(folder, "reference.safetensors"))
+    fused = hf.load_hf(folder, dtype=jnp.float32, fused_projections=True)
+    attn, mlp = fused.layers[0].attn, fused.layers[0].mlp
+    assert not hasattr(attn, "q_proj") and not hasattr(mlp, "up_proj")
+    cfg = fused.config
+    assert attn.qkv.kernel.shape == (cfg.hidden_size, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim)
+    assert mlp.gate_up.kernel.shape == (cfg.hidden_size, 2 * cfg.intermediate_size)
+    out = _logits(fused, ref["tokens"])
+    assert np.abs(out - ref["logits"]).max() < 1e-4
+    np.testing.assert_array_equal(out, _logits(hf.load_hf(folder, dtype=jnp.float32), ref["tokens"]))
+    dtype = jnp.float32 if folder == UNTIED else jnp.bfloat16
+    hf.save_hf(fused, tmp_path / "out", dtype=dtype)
+    assert _tensors(tmp_path / "out") == _tensors(folder)
+
+
 def test_v4_and_v5_configs_read_alike():
     v5 = json.load(open(os.path.join(UNTIED, "config.json")))
     v4 = {k: v for k, v in v5.items() if k != "rope_parameters"}
