@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from lp_jax.gemm.operands import Pending, operand_pair, shares_bytes, stored
+from lp_jax.numerics.manual_axes import amax_scope
 from lp_jax.recipes import Recipe
 
 
@@ -64,13 +65,14 @@ def weight_operands(recipe: Recipe, w, x_dtype, *, materialize: bool = False):
     ``materialize`` (then packed too: a backend reads the same values from either)."""
     r = recipe
     wc = w.astype(x_dtype)
-    if shares_bytes(r.fprop_w, r.dgrad_w):
-        fw = stored(wc, r.fprop_w, axis=0)
-        return fw, fw
-    fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
-    if materialize and isinstance(fw, Pending):
-        fw = stored(fw.t, fw.spec, fw.axis, fw.key)
-    return fw, dgrad_w
+    with amax_scope(r.amax_scope):
+        if shares_bytes(r.fprop_w, r.dgrad_w):
+            fw = stored(wc, r.fprop_w, axis=0)
+            return fw, fw
+        fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
+        if materialize and isinstance(fw, Pending):
+            fw = stored(fw.t, fw.spec, fw.axis, fw.key)
+        return fw, dgrad_w
 
 
 def prepare(recipe: Recipe, w, x_dtype) -> PreparedKernel:

@@ -246,7 +246,7 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
         # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
         weights = jax.lax.optimization_barrier(weights)
         masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
-        with manual_axes(manual):
+        with manual_axes(manual, rank_axes=("data",)):
             grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
                                             manual=manual)
         stacked = jax.tree.map(lambda g: g[None], grads)

@@ -61,9 +61,10 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32"):
+def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32",
+          amax_scope: str = "global"):
     """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
-    ``recipe`` with every Linear quantized (F0L0), precision.param_gather and
+    ``recipe`` with every Linear quantized (F0L0), precision.param_gather, amax_scope and
     mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked)."""
     from lp_jax.parallel.linear_layout import LinearLayout
 
@@ -75,7 +76,7 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     build_model = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
     model = nnx.eval_shape(build_model)
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
-                                                 param_gather=param_gather),
+                                                 param_gather=param_gather, amax_scope=amax_scope),
                         layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
