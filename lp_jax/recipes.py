@@ -80,10 +80,12 @@ class Recipe:
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
     # ``lp_jax.kernels``; the same bits) or "auto" (``lp_jax.quantizer.resolve_impl``).
     quantize_impl: QuantizeImpl = "auto"
-    # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
-    # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
-    # weight (``lp_jax.gemm.param_gather``); the same values either way. No effect on BF16 GEMMs.
-    param_gather: bool = True
+    # Transformer Engine's fp8_param_gather / fp4_param_gather (Megatron Bridge's recipes set
+    # them): the quantized Linears' weight copies are made from the FP32 masters (one
+    # rounding), not from their BF16 cast (two roundings, TE's default); under FSDP each
+    # device quantizes its master shard and all-gathers the quantized bytes and scales
+    # instead of the BF16 weight (``lp_jax.gemm.param_gather``). No effect on BF16 GEMMs.
+    param_gather: bool = False
     # The data a per-tensor amax (FP8-CS, NVFP4's tensor scale) covers under data
     # parallelism: "global", the whole global batch (one scalar all-reduce over the data
     # axis per quantized tensor; results independent of the data layout), or "local", each

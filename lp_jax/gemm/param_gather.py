@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
+from lp_jax.gemm.operands import quantize_kwargs, shares_bytes, weight_source
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.manual_axes import max_over_devices
 from lp_jax.numerics.quantize import abs_max, format_named
@@ -142,18 +142,20 @@ def applies(recipe, layout) -> bool:
 def forward(recipe, layout, w, compute_dtype):
     """(gathered fprop operand, dgrad residual sharded like w) of the FP32 kernel w [K, N].
 
-    Each device casts its shard to compute_dtype (every recipe quantizes the BF16 cast),
-    quantizes it, and only the fprop copy is gathered here; the dgrad copy stays sharded
-    until the backward (``backward``)."""
+    Each device quantizes its shard of the master (``operands.weight_source``: the FP32
+    master itself with ``recipe.param_gather``, else its cast to compute_dtype), and only the
+    fprop copy is gathered here; the dgrad copy stays sharded until the backward
+    (``backward``)."""
     mesh = _mesh()
     dim = gathered_dim(layout)
     sharded_axes = tuple(a for e in layout for a in _axes(e))
-    local = jax.ShapeDtypeStruct(tuple(n // _size(mesh, e) for n, e in zip(w.shape, layout)), compute_dtype)
+    local = jax.ShapeDtypeStruct(tuple(n // _size(mesh, e) for n, e in zip(w.shape, layout)), w.dtype)
     _check_whole_blocks(recipe, local.shape, w.shape)
-    fq_shape, dq_shape = jax.eval_shape(lambda t: _copies(recipe, t, ()), local)
+    source = lambda w_local: weight_source(recipe, w_local, compute_dtype)  # noqa: E731
+    fq_shape, dq_shape = jax.eval_shape(lambda t: _copies(recipe, source(t), ()), local)
 
     def body(w_local):
-        fq, dq = _copies(recipe, w_local.astype(compute_dtype), sharded_axes)
+        fq, dq = _copies(recipe, source(w_local), sharded_axes)
         return _gather_tree(fq, dim), dq
 
     out_specs = (_specs(fq_shape, _gathered_layout(layout)), _specs(dq_shape, layout))

@@ -17,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lp_jax.gemm.operands import Pending, operand_pair, shares_bytes, stored
+from lp_jax.gemm.operands import Pending, operand_pair, shares_bytes, stored, weight_source
 from lp_jax.numerics.manual_axes import amax_scope
 from lp_jax.recipes import Recipe
 
@@ -64,7 +64,7 @@ def weight_operands(recipe: Recipe, w, x_dtype, *, materialize: bool = False):
     the fprop copy packed or left to the backend to quantize (``Pending``) unless
     ``materialize`` (then packed too: a backend reads the same values from either)."""
     r = recipe
-    wc = w.astype(x_dtype)
+    wc = weight_source(r, w, x_dtype)
     with amax_scope(r.amax_scope):
         if shares_bytes(r.fprop_w, r.dgrad_w):
             fw = stored(wc, r.fprop_w, axis=0)
