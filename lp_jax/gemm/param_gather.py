@@ -76,17 +76,17 @@ def _from_wire(b, dtype, pair_axis):
     return lax.bitcast_convert_type(b, dtype) if b.dtype != dtype else b
 
 
-def _all_gather(a, dim):
-    """One tiled all-gather of a's local bytes along ``dim`` over the fsdp axis (scalars,
+def _all_gather(a, dim, axis=FSDP):
+    """One tiled all-gather of a's local bytes along ``dim`` over mesh ``axis`` (scalars,
     the replicated tensor scales, are returned as they are)."""
     if a is None or a.ndim == 0:
         return a
-    wire = lax.all_gather(_to_wire(a, dim), FSDP, axis=dim, tiled=True)
+    wire = lax.all_gather(_to_wire(a, dim), axis, axis=dim, tiled=True)
     return _from_wire(wire, a.dtype, dim)
 
 
-def _gather_tree(q, dim):
-    return jax.tree.map(partial(_all_gather, dim=dim), q)
+def _gather_tree(q, dim, axis=FSDP):
+    return jax.tree.map(partial(_all_gather, dim=dim, axis=axis), q)
 
 
 # ------------------------------------------------------------------- local quantization
@@ -116,15 +116,30 @@ def _size(mesh, entry) -> int:
     return size
 
 
-def _check_whole_blocks(recipe, local_shape, global_shape):
-    """A block split across shards would get other scales than the unsharded recipe's: refuse
-    (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
+def _split_block(recipe, local_shape, global_shape):
+    """(format, block, axis) of the first block of the weight's copies that a shard of
+    ``local_shape`` splits, or None when every shard holds whole blocks."""
     for spec, axis in ((recipe.fprop_w, 0), (recipe.dgrad_w, 1)):
         block = format_named(spec.fmt).block
         for a in ((0, 1) if spec.block_2d else (axis,)):
             if block and local_shape[a] != global_shape[a] and local_shape[a] % block:
-                raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "
-                                 f"{spec.fmt} blocks of {block} along axis {a}")
+                return spec.fmt, block, a
+    return None
+
+
+def keeps_whole_blocks(recipe, local_shape, global_shape) -> bool:
+    """Whether a shard of ``local_shape`` of the weight holds whole blocks of both copies."""
+    return _split_block(recipe, local_shape, global_shape) is None
+
+
+def _check_whole_blocks(recipe, local_shape, global_shape):
+    """A block split across shards would get other scales than the unsharded recipe's: refuse
+    (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
+    split = _split_block(recipe, local_shape, global_shape)
+    if split:
+        fmt, block, a = split
+        raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "
+                         f"{fmt} blocks of {block} along axis {a}")
 
 
 def _specs(tree, layout):
@@ -171,3 +186,14 @@ def backward(layout, dq):
     dq = lax.optimization_barrier(dq)
     return jax.shard_map(lambda q: _gather_tree(q, dim), mesh=_mesh(), in_specs=(_specs(dq, layout),),
                          out_specs=_specs(dq, _gathered_layout(layout)), check_vma=False)(dq)
+
+
+def gathered_copies(recipe, w_shard, compute_dtype, dim: int, axis: str):
+    """(fprop copy, dgrad copy, None where the fprop bytes serve both) of a kernel [K, N] of
+    which this device holds the shard ``w_shard`` along ``dim`` over mesh ``axis``, called
+    inside a shard_map manual over ``axis`` (ZeRO-1's data axis): quantized as the whole
+    kernel is (its tensor amax maxed over ``axis``), then its bytes and scales all-gathered."""
+    fq, dq = _copies(recipe, weight_source(recipe, w_shard, compute_dtype), (axis,))
+    if shares_bytes(recipe.fprop_w, recipe.dgrad_w):
+        return _gather_tree(fq, dim, axis), None
+    return _gather_tree(fq, dim, axis), _gather_tree(dq, dim, axis)
