@@ -64,6 +64,9 @@ def llama3_8b_low_precision_pretrain_config(
         "seed=1234",
         f"steps={train_iters}",
         f"precision={mixed_precision_recipe}",
+        # Transformer Engine's per-rank amaxes and Bridge's fp8/fp4_param_gather (weights
+        # quantized from the FP32 masters, gathered as FP8/FP4 bytes); no effect on BF16.
+        "precision.amax_scope=local", "precision.param_gather=true",
         "model.preset=llama3_8b",
         f"data.source={'mock' if use_mock else 'tokens'}",
         "data.tokenizer=llama3",

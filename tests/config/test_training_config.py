@@ -38,6 +38,9 @@ def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     assert (s.init_lr, s.peak_lr, s.min_lr, s.warmup_steps, s.decay) == (0.0, 6e-4, 6e-6, 2000, "cosine")
     assert s.decay_steps is None  # cosine to min_lr at the last step
     assert c.model.param_dtype == "float32"
+    # Transformer Engine's per-rank amaxes and Bridge's fp8/fp4_param_gather (no effect on BF16)
+    expected = (None, None) if recipe == "bf16" else ("local", True)
+    assert (c.precision.amax_scope, c.precision.param_gather) == expected
     # Bridge's 8B layout: data parallelism with the distributed optimizer (docs/scaling.md).
     m = c.mesh
     assert (m.data, m.fsdp, m.tensor, m.shard_optimizer) == (-1, 1, 1, True)
@@ -47,6 +50,14 @@ def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     assert (c.model.scan_layers, c.model.attention_impl) == (True, "cudnn")
     expected = {"bf16": (2, "mlp"), "fp8_block": (2, "elementwise")}.get(recipe, (4, "mlp"))
     assert (c.data.micro_batch_size, c.model.remat) == expected
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.stem.startswith("tiny")], ids=lambda p: p.stem)
+def test_tiny_configs_keep_global_amaxes_and_weights_quantized_from_their_bf16_cast(path):
+    """The recipes' defaults: results independent of the data layout, TE's default rounding."""
+    c = load_config(path)
+    assert (c.precision.amax_scope, c.precision.param_gather) == (None, None)
+    assert all(p.amax_scope is None and p.param_gather is None for p in c.precision_schedule)
 
 
 def test_overrides_are_typed_and_nested():

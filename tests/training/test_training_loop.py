@@ -153,6 +153,8 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
     assert (c.mesh.data, c.mesh.fsdp, c.mesh.shard_optimizer) == (-1, 1, True)  # Bridge's DP + ZeRO-1
     plan = resolve(c)  # the 8B plan validates on CPU without building anything
     assert plan.phases[0].recipe.policy == "F0L4" and plan.accum_steps == 768
+    # Transformer Engine's per-rank amaxes, Bridge's fp4_param_gather
+    assert (plan.phases[0].recipe.amax_scope, plan.phases[0].recipe.param_gather) == ("local", True)
     with pytest.raises(ValueError, match="mixed_precision_recipe='fp8' is not one of"):
         api.llama3_8b_low_precision_pretrain_config("fp8")
     small = api.override(c, "model.preset=tiny", "steps=3", "data.seq_len=32",
