@@ -22,6 +22,8 @@ PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
 BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "mxfp8", "nvfp4")
 BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn", "xla_scaled_dot", "wgmma")
 QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
+AmaxScope = Literal["global", "local"]
+AMAX_SCOPES: tuple[AmaxScope, ...] = ("global", "local")
 # The GEMM library each kind of format is built for: cuBLASLt's FP8 GEMM through XLA for
 # per-tensor scales, cuDNN's block-scaled GEMM for block formats (docs/backends.md).
 NATIVE_BACKEND = {"per_tensor": "xla_fp8", "block": "cudnn"}
@@ -78,10 +80,19 @@ class Recipe:
     # Quantizer implementation of all six operand copies: "xla", "pallas" (the Pallas kernels,
     # ``lp_jax.kernels``; the same bits) or "auto" (``lp_jax.quantizer.resolve_impl``).
     quantize_impl: QuantizeImpl = "auto"
-    # Under FSDP (the trainer's mesh with fsdp > 1), each quantized Linear quantizes its local
-    # FP32 master shard and all-gathers the quantized bytes and scales instead of the BF16
-    # weight (``lp_jax.gemm.param_gather``); the same values either way. No effect on BF16 GEMMs.
-    param_gather: bool = True
+    # Transformer Engine's fp8_param_gather / fp4_param_gather (Megatron Bridge's recipes set
+    # them): the quantized Linears' weight copies are made from the FP32 masters (one
+    # rounding), not from their BF16 cast (two roundings, TE's default); under FSDP each
+    # device quantizes its master shard and all-gathers the quantized bytes and scales
+    # instead of the BF16 weight (``lp_jax.gemm.param_gather``). No effect on BF16 GEMMs.
+    param_gather: bool = False
+    # The data a per-tensor amax (FP8-CS, NVFP4's tensor scale) covers under data
+    # parallelism: "global", the whole global batch (one scalar all-reduce over the data
+    # axis per quantized tensor; results independent of the data layout), or "local", each
+    # data-parallel rank's own rows, as Transformer Engine takes it (no such all-reduce;
+    # activation and gradient scales then depend on how the batch is split). Weights are
+    # whole on every data rank, so their scales are the same either way (docs/scaling.md).
+    amax_scope: AmaxScope = "global"
 
     fprop_x: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
     fprop_w: OperandSpec = dataclasses.field(init=False, repr=False, default=_BF16_OPERAND)
@@ -96,6 +107,7 @@ class Recipe:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{field}={value!r} must be a non-negative integer")
         check_choice("impl", self.quantize_impl, QUANTIZE_IMPLS)
+        check_choice("amax_scope", self.amax_scope, AMAX_SCOPES)
         layers = self.bf16_layers
         if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__") or any(
                 not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers):

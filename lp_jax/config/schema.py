@@ -91,10 +91,14 @@ class PrecisionConfig:
     # Quantizer of the six operand copies (docs/backends.md, "Pallas quantization kernels"):
     # auto (xla until a GPU measures the Pallas kernels faster) | xla | pallas (the same bits).
     quantize_impl: str = "auto"
-    # FSDP all-gathers of quantized Linears' weights move their FP8/FP4 bytes and scales
-    # (quantized from each device's FP32 master shard; the same values as gathering first).
-    # None keeps the recipe's default, true; false gathers the BF16 weight (docs/scaling.md).
+    # Megatron's fp8_param_gather / fp4_param_gather: true quantizes the weights from the
+    # FP32 masters and FSDP all-gathers their FP8/FP4 bytes and scales; false (the recipe's
+    # default, None) quantizes their BF16 cast and gathers BF16 (docs/numerics.md, docs/scaling.md).
     param_gather: Optional[bool] = None
+    # Per-tensor amaxes (FP8-CS, NVFP4) under data parallelism: global (the recipe's default,
+    # None: over the whole batch, independent of the data layout) | local (each data rank's
+    # own rows, Transformer Engine's: no amax all-reduce over data; docs/scaling.md).
+    amax_scope: Optional[str] = None
     # The scanned layers' weight copies for their GEMMs (the compute-dtype cast, FP8/FP4
     # bytes and scales) made once per step, before the micro-batch loop, instead of in every
     # micro-batch: the same bits, fewer kernels and bytes per micro-batch, the copies held

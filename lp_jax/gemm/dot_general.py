@@ -24,6 +24,7 @@ from lp_jax.gemm import backends, param_gather, tensor_reduce
 from lp_jax.gemm.operands import operand, operand_pair, per_tensor, shares_bytes, stored
 from lp_jax.gemm.out_sharding import with_out_sharding
 from lp_jax.gemm.prepared_kernel import PreparedKernel, weight_operands
+from lp_jax.numerics.manual_axes import amax_scope
 from lp_jax.recipes import Recipe, get_recipe
 
 _SR_DGRAD, _SR_WGRAD = 1, 2  # fold-in tags for the two stochastically rounded dy copies
@@ -76,6 +77,12 @@ def _forward(cfg, x, w, key_data):
 
 def _forward_with(cfg, x, fw, dgrad_w, key_data):
     """y and the residuals, given the weight's copies (fw for this GEMM, dgrad_w kept)."""
+    # The recipe's amax scope covers every tensor amax taken here and in the backends.
+    with amax_scope(cfg.recipe.amax_scope):
+        return _quantized_forward(cfg, x, fw, dgrad_w, key_data)
+
+
+def _quantized_forward(cfg, x, fw, dgrad_w, key_data):
     r = cfg.recipe
     # Only copies the backward keeps are packed here, in a layout every backend reads; the
     # others are quantized inside the GEMM by the backend that runs it.
@@ -89,6 +96,11 @@ def _forward_with(cfg, x, fw, dgrad_w, key_data):
 
 
 def _linear_bwd(cfg, res, dy):
+    with amax_scope(cfg.recipe.amax_scope):
+        return _quantized_backward(cfg, res, dy)
+
+
+def _quantized_backward(cfg, res, dy):
     r = cfg.recipe
     wgrad_x, dgrad_w, key_data = res
     if param_gather.applies(r, cfg.gather):  # ZeRO-3: the weight is gathered again for dgrad

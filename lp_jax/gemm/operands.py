@@ -24,7 +24,7 @@ from lp_jax.numerics.decoded import quantized_values
 from lp_jax.numerics.hadamard import RHT_SIZE, hadamard
 from lp_jax.numerics.quantize import QuantizedTensor, block_values, format_named
 from lp_jax.quantizer import quantize, resolve_impl
-from lp_jax.recipes import OperandSpec
+from lp_jax.recipes import OperandSpec, Recipe
 
 
 def per_tensor(spec: OperandSpec) -> bool:
@@ -74,6 +74,17 @@ def transformed(t, spec: OperandSpec, axis: int):
         return t
     h = hadamard(pad_to(t, axis, RHT_SIZE), axis=axis)
     return lax.platform_dependent(h, cpu=lax.optimization_barrier, default=lambda h: h)
+
+
+def weight_source(recipe: Recipe, w, x_dtype):
+    """What a kernel's GEMM copies are made from. With ``param_gather`` (Transformer Engine's
+    fp8/fp4_param_gather, whose FP8/FP4 weights the optimizer writes from its FP32 masters)
+    the master itself, one rounding to FP8/FP4 with the scales of its own amaxes; otherwise
+    its cast to the compute dtype (``x_dtype``), which TE's BF16 module weights are: two
+    roundings. BF16 GEMMs always read the cast."""
+    if recipe.param_gather and recipe.fprop_w.fmt is not None and recipe.dgrad_w.fmt is not None:
+        return w.astype(jnp.float32)
+    return w.astype(x_dtype)
 
 
 def quantize_kwargs(spec: OperandSpec, key=None) -> dict:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from lp_jax.gemm.operands import quantize_kwargs, shares_bytes
+from lp_jax.gemm.operands import quantize_kwargs, shares_bytes, weight_source
 from lp_jax.numerics import formats as F
 from lp_jax.numerics.manual_axes import max_over_devices
 from lp_jax.numerics.quantize import abs_max, format_named
@@ -76,17 +76,17 @@ def _from_wire(b, dtype, pair_axis):
     return lax.bitcast_convert_type(b, dtype) if b.dtype != dtype else b
 
 
-def _all_gather(a, dim):
-    """One tiled all-gather of a's local bytes along ``dim`` over the fsdp axis (scalars,
+def _all_gather(a, dim, axis=FSDP):
+    """One tiled all-gather of a's local bytes along ``dim`` over mesh ``axis`` (scalars,
     the replicated tensor scales, are returned as they are)."""
     if a is None or a.ndim == 0:
         return a
-    wire = lax.all_gather(_to_wire(a, dim), FSDP, axis=dim, tiled=True)
+    wire = lax.all_gather(_to_wire(a, dim), axis, axis=dim, tiled=True)
     return _from_wire(wire, a.dtype, dim)
 
 
-def _gather_tree(q, dim):
-    return jax.tree.map(partial(_all_gather, dim=dim), q)
+def _gather_tree(q, dim, axis=FSDP):
+    return jax.tree.map(partial(_all_gather, dim=dim, axis=axis), q)
 
 
 # ------------------------------------------------------------------- local quantization
@@ -116,15 +116,30 @@ def _size(mesh, entry) -> int:
     return size
 
 
-def _check_whole_blocks(recipe, local_shape, global_shape):
-    """A block split across shards would get other scales than the unsharded recipe's: refuse
-    (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
+def _split_block(recipe, local_shape, global_shape):
+    """(format, block, axis) of the first block of the weight's copies that a shard of
+    ``local_shape`` splits, or None when every shard holds whole blocks."""
     for spec, axis in ((recipe.fprop_w, 0), (recipe.dgrad_w, 1)):
         block = format_named(spec.fmt).block
         for a in ((0, 1) if spec.block_2d else (axis,)):
             if block and local_shape[a] != global_shape[a] and local_shape[a] % block:
-                raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "
-                                 f"{spec.fmt} blocks of {block} along axis {a}")
+                return spec.fmt, block, a
+    return None
+
+
+def keeps_whole_blocks(recipe, local_shape, global_shape) -> bool:
+    """Whether a shard of ``local_shape`` of the weight holds whole blocks of both copies."""
+    return _split_block(recipe, local_shape, global_shape) is None
+
+
+def _check_whole_blocks(recipe, local_shape, global_shape):
+    """A block split across shards would get other scales than the unsharded recipe's: refuse
+    (the trainer's mesh checks reject such meshes before compiling, with the layer's name)."""
+    split = _split_block(recipe, local_shape, global_shape)
+    if split:
+        fmt, block, a = split
+        raise ValueError(f"param_gather: a weight {global_shape} sharded to {local_shape} splits "
+                         f"{fmt} blocks of {block} along axis {a}")
 
 
 def _specs(tree, layout):
@@ -142,18 +157,20 @@ def applies(recipe, layout) -> bool:
 def forward(recipe, layout, w, compute_dtype):
     """(gathered fprop operand, dgrad residual sharded like w) of the FP32 kernel w [K, N].
 
-    Each device casts its shard to compute_dtype (every recipe quantizes the BF16 cast),
-    quantizes it, and only the fprop copy is gathered here; the dgrad copy stays sharded
-    until the backward (``backward``)."""
+    Each device quantizes its shard of the master (``operands.weight_source``: the FP32
+    master itself with ``recipe.param_gather``, else its cast to compute_dtype), and only the
+    fprop copy is gathered here; the dgrad copy stays sharded until the backward
+    (``backward``)."""
     mesh = _mesh()
     dim = gathered_dim(layout)
     sharded_axes = tuple(a for e in layout for a in _axes(e))
-    local = jax.ShapeDtypeStruct(tuple(n // _size(mesh, e) for n, e in zip(w.shape, layout)), compute_dtype)
+    local = jax.ShapeDtypeStruct(tuple(n // _size(mesh, e) for n, e in zip(w.shape, layout)), w.dtype)
     _check_whole_blocks(recipe, local.shape, w.shape)
-    fq_shape, dq_shape = jax.eval_shape(lambda t: _copies(recipe, t, ()), local)
+    source = lambda w_local: weight_source(recipe, w_local, compute_dtype)  # noqa: E731
+    fq_shape, dq_shape = jax.eval_shape(lambda t: _copies(recipe, source(t), ()), local)
 
     def body(w_local):
-        fq, dq = _copies(recipe, w_local.astype(compute_dtype), sharded_axes)
+        fq, dq = _copies(recipe, source(w_local), sharded_axes)
         return _gather_tree(fq, dim), dq
 
     out_specs = (_specs(fq_shape, _gathered_layout(layout)), _specs(dq_shape, layout))
@@ -169,3 +186,14 @@ def backward(layout, dq):
     dq = lax.optimization_barrier(dq)
     return jax.shard_map(lambda q: _gather_tree(q, dim), mesh=_mesh(), in_specs=(_specs(dq, layout),),
                          out_specs=_specs(dq, _gathered_layout(layout)), check_vma=False)(dq)
+
+
+def gathered_copies(recipe, w_shard, compute_dtype, dim: int, axis: str):
+    """(fprop copy, dgrad copy, None where the fprop bytes serve both) of a kernel [K, N] of
+    which this device holds the shard ``w_shard`` along ``dim`` over mesh ``axis``, called
+    inside a shard_map manual over ``axis`` (ZeRO-1's data axis): quantized as the whole
+    kernel is (its tensor amax maxed over ``axis``), then its bytes and scales all-gathered."""
+    fq, dq = _copies(recipe, weight_source(recipe, w_shard, compute_dtype), (axis,))
+    if shares_bytes(recipe.fprop_w, recipe.dgrad_w):
+        return _gather_tree(fq, dim, axis), None
+    return _gather_tree(fq, dim, axis), _gather_tree(dq, dim, axis)

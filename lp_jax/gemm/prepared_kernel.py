@@ -17,7 +17,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lp_jax.gemm.operands import Pending, operand_pair, shares_bytes, stored
+from lp_jax.gemm.operands import Pending, operand_pair, shares_bytes, stored, weight_source
+from lp_jax.numerics.manual_axes import amax_scope
 from lp_jax.recipes import Recipe
 
 
@@ -63,14 +64,15 @@ def weight_operands(recipe: Recipe, w, x_dtype, *, materialize: bool = False):
     the fprop copy packed or left to the backend to quantize (``Pending``) unless
     ``materialize`` (then packed too: a backend reads the same values from either)."""
     r = recipe
-    wc = w.astype(x_dtype)
-    if shares_bytes(r.fprop_w, r.dgrad_w):
-        fw = stored(wc, r.fprop_w, axis=0)
-        return fw, fw
-    fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
-    if materialize and isinstance(fw, Pending):
-        fw = stored(fw.t, fw.spec, fw.axis, fw.key)
-    return fw, dgrad_w
+    wc = weight_source(r, w, x_dtype)
+    with amax_scope(r.amax_scope):
+        if shares_bytes(r.fprop_w, r.dgrad_w):
+            fw = stored(wc, r.fprop_w, axis=0)
+            return fw, fw
+        fw, dgrad_w = operand_pair(wc, r.fprop_w, 0, r.dgrad_w, 1, keep_b=True)
+        if materialize and isinstance(fw, Pending):
+            fw = stored(fw.t, fw.spec, fw.axis, fw.key)
+        return fw, dgrad_w
 
 
 def prepare(recipe: Recipe, w, x_dtype) -> PreparedKernel:

@@ -26,6 +26,10 @@ from lp_jax.training.loop import run
 from lp_jax.training.validate import resolve
 
 BRIDGE_RECIPES = BRIDGE_NAMES  # Megatron Bridge's mixed-precision recipe names -> ours
+# Bridge's presets' fp8_param_gather (fp4_param_gather for NVFP4, left at its default False).
+BRIDGE_PARAM_GATHER = {"bf16_mixed": False, "bf16_with_fp8_current_scaling_mixed": True,
+                       "bf16_with_fp8_subchannel_scaling_mixed": False, "bf16_with_mxfp8_mixed": True,
+                       "bf16_with_nvfp4_mixed": False}
 
 
 def llama3_8b_low_precision_pretrain_config(
@@ -68,6 +72,10 @@ def llama3_8b_low_precision_pretrain_config(
         "seed=1234",
         f"steps={train_iters}",
         f"precision={mixed_precision_recipe}",
+        # Transformer Engine's per-rank amaxes and Bridge's fp8/fp4_param_gather (on: weights
+        # quantized from the FP32 masters, gathered as FP8/FP4 bytes); no effect on BF16.
+        "precision.amax_scope=local",
+        f"precision.param_gather={str(BRIDGE_PARAM_GATHER[mixed_precision_recipe]).lower()}",
         "model.preset=llama3_8b", "model.fused_projections=true",  # linear_qkv, linear_fc1
         f"data.source={'mock' if use_mock else 'tokens'}",
         "data.tokenizer=llama3",

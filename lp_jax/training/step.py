@@ -27,13 +27,15 @@ from lp_jax.parallel.partitioning import (
     activation_rules,
     batch_sharding,
     data_shard_map_axes,
+    path_string,
     spec_without,
     state_shardings,
 )
-from lp_jax.training import weight_cache
+from lp_jax.training import weight_cache, zero1_gather
 from lp_jax.training.layer_stacks import LayerStacks
 from lp_jax.training.optimizer import OptimizerSpec, learning_rate_schedule, make_optimizer
 from lp_jax.training.token_loss import token_nll
+from lp_jax.training.zero1_gather import Zero1Gather
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,8 @@ class StepSpec:
     shard_optimizer: bool = False
     # The dtype ZeRO-1 gathers matrices (rank >= 2) in: the model's compute dtype, exact
     # for the Llama, which reads a matrix only through its cast to that dtype (the
-    # Linears' GEMM, the embedding lookup). None: FP32 masters.
+    # Linears' GEMM, the embedding lookup). None: FP32 masters. Kernels whose recipe has
+    # param_gather are gathered as FP8/FP4 bytes or in FP32 (``zero1_gather``).
     gather_dtype: str | None = None
     # The scanned layers' weight copies (casts, FP8/FP4 bytes) made once per step before the
     # micro-batch loop instead of in every micro-batch (``lp_jax.training.weight_cache``;
@@ -174,19 +177,21 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     return new_state, metrics
 
 
-def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual=()):
+def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual=(), slices=None):
     """(summed FP32 gradients, summed NLL, token count) over the micro-batches, summed on
     this device: inside the data shard_map (``manual=("data",)``) over this data rank's
     rows only. Gradients are constrained to the parameters' shardings on the other axes
     (FSDP reduce-scatters each micro-batch's, ZeRO-3). A model's scanned layers are stacked
-    once, before the loop, and differentiated as stacks (``lp_jax.training.layer_stacks``)."""
+    once, before the loop, and differentiated as stacks (``lp_jax.training.layer_stacks``).
+    ``slices``: ZeRO-1's FP32 slices of param_gather kernels (``zero1_gather``), for the
+    weight cache to quantize and gather."""
     step_key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
     specs = jax.tree.map(lambda s: spec_without(s.spec, manual), state_shardings(params, spec.mesh))
     stacks = LayerStacks(graphdef, params, rest)
     if stacks:
         diff = stacks.split()
         diff_specs = stacks.split_specs(specs, diff[1])
-        copies = weight_cache.make(stacks, diff[1]) if spec.cache_weights else {}
+        copies = weight_cache.make(stacks, diff[1], slices) if spec.cache_weights else {}
 
         def loss(diff, micro, key):
             outer, layer_stacks = diff
@@ -217,39 +222,61 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
     return grad_sum, nll_sum, count
 
 
-def gathered_weights(spec: StepSpec, params):
+def gathered_weights(spec: StepSpec, params, zero1: Zero1Gather = Zero1Gather()):
     """The weights the forward reads, replicated over ``data``: ZeRO-1's masters gathered
-    once per step (matrices in ``spec.gather_dtype``); otherwise the masters themselves."""
+    once per step (matrices in ``spec.gather_dtype``, but the param_gather kernels of
+    ``zero1``: in FP32 (``full``) or left as each data rank's FP32 slice (``sliced``), whose
+    quantized bytes the weight cache gathers); otherwise the masters themselves."""
     if not spec.shard_optimizer or spec.data_ranks == 1:
         return params
 
-    def one(p, sharded, whole):
-        if spec.gather_dtype is not None and p.ndim >= 2:
+    def one(key_path, p, sharded, whole):
+        path = path_string(key_path)
+        if path in zero1.sliced:
+            return p
+        if spec.gather_dtype is not None and p.ndim >= 2 and path not in zero1.full:
             # The cast pinned to the ZeRO-1 layout: otherwise the partitioner may gather
             # the FP32 master and cast after (twice the bytes).
             p = jax.lax.with_sharding_constraint(p.astype(spec.gather_dtype), sharded)
         return jax.lax.with_sharding_constraint(p, whole)
 
-    return jax.tree.map(one, params, spec.state_shardings(params),
-                        state_shardings(params, spec.mesh))
+    return jax.tree_util.tree_map_with_path(one, params, spec.state_shardings(params),
+                                            state_shardings(params, spec.mesh))
 
 
 def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step):
     """_accumulate's sums over the whole batch with one data-axis reduction (docs/scaling.md,
     "Communication at scale"): gradients come back reduced and sharded like the masters."""
-    weights = gathered_weights(spec, params)
-    dtypes = jax.tree.map(lambda p: p.dtype, params)
+    zero1 = zero1_gather.plan(spec, graphdef, params, rest)
+    weights = gathered_weights(spec, params, zero1)
+    masters_like = jax.tree.map(lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype), params)
     manual = data_shard_map_axes(spec.mesh)
+    # Every weight whole on each data rank, but the sliced kernels: their ZeRO-1 slices
+    # (all of whose mesh axes are manual here).
+    weight_specs = jax.tree_util.tree_map_with_path(
+        lambda key_path, s: s.spec if path_string(key_path) in zero1.sliced else P(),
+        spec.state_shardings(params))
 
     def local(weights, rest, batch, rng, step):
         # Back to the masters' dtype (exact). The barrier keeps the gathered BF16 values
         # from being folded back into the FP32 masters they were cast from (XLA may drop
         # an f32 -> bf16 -> f32 round trip as excess precision, and gather FP32 instead).
         weights = jax.lax.optimization_barrier(weights)
-        masters = jax.tree.map(lambda w, d: w.astype(d), weights, dtypes)
-        with manual_axes(manual):
+        slices = {}
+
+        def master(key_path, w, like):
+            path = path_string(key_path)
+            if path not in zero1.sliced:
+                return w.astype(like.dtype)
+            slices[path] = (w, zero1.sliced[path])
+            # Differentiated for its gradient, never read: the GEMMs read the copies made
+            # from the slice.
+            return jnp.zeros(like.shape, like.dtype)
+
+        masters = jax.tree_util.tree_map_with_path(master, weights, masters_like)
+        with manual_axes(manual, rank_axes=("data",)):
             grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
-                                            manual=manual)
+                                            manual=manual, slices=slices)
         stacked = jax.tree.map(lambda g: g[None], grads)
         return stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data")
 
@@ -258,7 +285,7 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
     # transpose of its implicit broadcast), and the GEMM backends' platform_dependent
     # branches disagree on the varying-ness of their outputs.
     stacked, nll_sum, count = jax.shard_map(
-        local, mesh=spec.mesh, in_specs=(P(), P(), P(None, "data"), P(), P()),
+        local, mesh=spec.mesh, in_specs=(weight_specs, P(), P(None, "data"), P(), P()),
         out_specs=(P("data"), P(), P()), axis_names=set(manual), check_vma=False)(
             weights, rest, batch, rng, step)
     # The step's one data-axis reduction per gradient, into the masters' sharding.

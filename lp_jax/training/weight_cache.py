@@ -12,7 +12,9 @@ the step is the same bit for bit (tests/training/test_weight_cache.py).
 
 Only Linears whose dot_general is lp_jax's and gathers no weight bytes (FSDP's
 ``param_gather`` quantizes each shard itself) and that cast their input to a set dtype are
-prepared; the rest are left as they are.
+prepared; the rest are left as they are. Under ZeRO-1 a kernel the step hands over as its
+data rank's slice of the FP32 master (``lp_jax.training.zero1_gather``) has its copies
+quantized from the slices and all-gathered over data as bytes here.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
+from lp_jax.gemm.param_gather import gathered_copies
 from lp_jax.gemm.prepared_kernel import PreparedKernel, prepare
 from lp_jax.training.layer_stacks import LAYERS, LayerStacks
 
@@ -47,20 +50,41 @@ def prepared_linears(stacks: LayerStacks) -> dict:
     return found
 
 
-def make(stacks: LayerStacks, layer_stacks: dict) -> dict:
+def kernel_path(layer: int, keys: tuple) -> str:
+    """The '/'-joined parameter path of a kernel at ``keys`` inside transformer layer ``layer``."""
+    return "/".join(map(str, (LAYERS, layer) + tuple(keys)))
+
+
+def make(stacks: LayerStacks, layer_stacks: dict, slices: dict | None = None, axis: str = "data") -> dict:
     """{run start: {kernel path: (fw, dgrad_w) stacked over the run's layers}}: the copies of
-    every prepared kernel in ``layer_stacks`` (the runs' stacked Params), made now."""
+    every prepared kernel in ``layer_stacks`` (the runs' stacked Params), made now.
+    ``slices``: {kernel path (``kernel_path``): (this device's slice of the FP32 master, the
+    dimension sliced over mesh ``axis``)} for kernels whose copies are quantized from the
+    slices and all-gathered as bytes (inside a shard_map manual over ``axis``)."""
     linears = prepared_linears(stacks)
+    slices = slices or {}
     copies = {}
     for start, stack in layer_stacks.items():
         wanted = linears.get(start, {})
+        layers = [i for s, end in stacks.runs if s == start for i in range(s, end)]
         copies[start] = {}
         for path, w in jax.tree_util.tree_flatten_with_path(stack)[0]:
-            if (keys := _keys(path)) in wanted:
-                recipe, dtype = wanted[keys]
-                # One layer at a time over the stack: per-tensor amaxes stay per layer.
-                one = lambda w_l, recipe=recipe, dtype=dtype: _parts(prepare(recipe, w_l, dtype))  # noqa: E731
-                copies[start][keys] = (recipe, dtype, jax.vmap(one)(w))
+            if (keys := _keys(path)) not in wanted:
+                continue
+            recipe, dtype = wanted[keys]
+            sliced = [slices.get(kernel_path(i, keys)) for i in layers]
+            if any(sliced):
+                if not all(sliced):  # the others' masters are not there to quantize
+                    raise ValueError(f"layers {layers} of {'/'.join(map(str, keys))}: some sliced, not all")
+                dim = sliced[0][1]
+                shards = jax.numpy.stack([shard for shard, _ in sliced])
+                one = lambda s, recipe=recipe, dtype=dtype, dim=dim: jax.lax.stop_gradient(  # noqa: E731
+                    gathered_copies(recipe, s, dtype, dim, axis))
+                copies[start][keys] = (recipe, dtype, jax.vmap(one)(shards))
+                continue
+            # One layer at a time over the stack: per-tensor amaxes stay per layer.
+            one = lambda w_l, recipe=recipe, dtype=dtype: _parts(prepare(recipe, w_l, dtype))  # noqa: E731
+            copies[start][keys] = (recipe, dtype, jax.vmap(one)(w))
     return copies
 
 

@@ -19,7 +19,7 @@ RECIPE_CLASSES = sorted(set(RECIPES.values()), key=lambda cls: cls.name)
 # together with the others on an 8-layer model.
 RECIPE_SAMPLES = {
     "first_bf16_layers": 2, "last_bf16_layers": 2, "bf16_layers": (3, 5),
-    "backend": "reference", "quantize_impl": "xla", "param_gather": False,
+    "backend": "reference", "quantize_impl": "xla", "param_gather": True, "amax_scope": "local",
     "fp8_format": "E4M3", "scale_rule": "floor",
     "disable_rht": True, "disable_stochastic_rounding": True, "disable_2d": True,
     "block_scale_search": "4over6", "block_scale_search_on": "all", "block_scale_search_metric": "mse",

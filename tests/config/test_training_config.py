@@ -39,6 +39,11 @@ def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     assert s.decay_steps is None  # cosine to min_lr at the last step
     assert c.model.param_dtype == "float32"
     assert c.model.fused_projections is True  # Megatron's linear_qkv and linear_fc1
+    # Transformer Engine's per-rank amaxes and Bridge's presets' fp8/fp4_param_gather: on for
+    # FP8-CS and MXFP8, off for FP8 block and NVFP4 (no effect on BF16)
+    expected = {"bf16": (None, None), "fp8_cs": ("local", True), "mxfp8": ("local", True),
+                "fp8_block": ("local", False), "nvfp4": ("local", False)}[recipe]
+    assert (c.precision.amax_scope, c.precision.param_gather) == expected
     # Bridge's 8B layout: data parallelism with the distributed optimizer (docs/scaling.md).
     m = c.mesh
     assert (m.data, m.fsdp, m.tensor, m.shard_optimizer) == (-1, 1, 1, True)
@@ -48,6 +53,14 @@ def test_llama3_8b_configs_carry_the_bridge_recipe(recipe):
     assert (c.model.scan_layers, c.model.attention_impl) == (True, "cudnn")
     expected = {"bf16": (2, "mlp"), "fp8_block": (2, "elementwise")}.get(recipe, (4, "mlp"))
     assert (c.data.micro_batch_size, c.model.remat) == expected
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.stem.startswith("tiny")], ids=lambda p: p.stem)
+def test_tiny_configs_keep_global_amaxes_and_weights_quantized_from_their_bf16_cast(path):
+    """The recipes' defaults: results independent of the data layout, TE's default rounding."""
+    c = load_config(path)
+    assert (c.precision.amax_scope, c.precision.param_gather) == (None, None)
+    assert all(p.amax_scope is None and p.param_gather is None for p in c.precision_schedule)
 
 
 def test_overrides_are_typed_and_nested():

@@ -1,15 +1,18 @@
-"""precision.param_gather: FSDP all-gathers of quantized Linears move FP8/FP4 bytes and
-scales, quantized from each device's FP32 master shard, with the unsharded recipe's codes.
+"""precision.param_gather (Megatron's fp8_param_gather / fp4_param_gather): the quantized
+Linears' weight copies come from the FP32 masters, and FSDP all-gathers move their FP8/FP4
+bytes and scales, quantized from each device's FP32 master shard, with the unsharded codes.
 
-In-process: the wire format (FP4 codes two per byte), the recipe and config key, and which
-Linears get a gather layout (quantized ones, by the partitioning rules; the state tree is
-untouched). In subprocesses with 8 forced CPU devices: on meshes (1,8,1), (2,4,1),
-(2,2,2), for column- and row-parallel kernels, the gathered bytes and scales equal
-``lp_jax.quantize`` of the whole BF16 weight bit for bit, and y, dx equal the
-partitioner-gathered GEMM's bit for bit, dW to FP32 summation order (on (2,2,2) also
-lowered for CUDA, where the xla_fp8/cudnn GEMMs take the gathered operands); (slow) the trainer's
-first step equals param_gather off, with FP8/FP4 bytes in the compiled all-gathers and one
-scalar all-reduce(max) per tensor amax; (slow) a checkpoint crosses param_gather on/off.
+In-process: the wire format (FP4 codes two per byte), the recipe and config key, the weight
+copies against the NumPy oracle's quantization of the FP32 master (on) and of its BF16 cast
+(off), and which Linears get a gather layout (quantized ones, by the partitioning rules; the
+state tree is untouched). In subprocesses with 8 forced CPU devices: on meshes (1,8,1),
+(2,4,1), (2,2,2), for column- and row-parallel kernels, the gathered bytes and scales equal
+``lp_jax.quantize`` of the whole weight (FP32 on, its BF16 cast off) bit for bit, and y, dx
+equal the partitioner-gathered GEMM's bit for bit, dW to FP32 summation order (on (2,2,2)
+also lowered for CUDA, where the xla_fp8/cudnn GEMMs take the gathered operands); (slow) the
+trainer's first step equals the partitioner-gathered masters', with FP8/FP4 bytes in the
+compiled all-gathers and one scalar all-reduce(max) per tensor amax; (slow) a checkpoint
+crosses param_gather on/off.
 """
 import json
 
@@ -21,10 +24,14 @@ from flax import nnx
 
 import lp_jax
 from lp_jax.config.schema import PrecisionConfig
+from lp_jax.gemm.operands import Transposed
 from lp_jax.gemm.param_gather import _from_wire, _to_wire
+from lp_jax.gemm.prepared_kernel import weight_operands
 from lp_jax.parallel.linear_layout import LinearLayout
 from models import llama
+from tests.support import numpy_reference as ref
 from tests.support.forced_devices import run_python
+from tests.support.quantize_checks import codes
 
 MESHES = ((1, 8, 1), (2, 4, 1), (2, 2, 2))
 
@@ -51,12 +58,53 @@ def test_low_precision_arrays_travel_as_bytes(dtype):
 
 
 def test_recipe_and_config_key():
-    assert all(lp_jax.get_recipe(n).param_gather for n in ("bf16", "fp8_cs", "mxfp8", "nvfp4"))
-    assert not lp_jax.get_recipe("mxfp8", param_gather=False).param_gather
+    # Off by default, as Megatron's fp8_param_gather: the weights' BF16 cast is quantized.
+    assert not any(lp_jax.get_recipe(n).param_gather for n in ("bf16", "fp8_cs", "mxfp8", "nvfp4"))
+    assert lp_jax.get_recipe("mxfp8", param_gather=True).param_gather
     with pytest.raises(ValueError, match="param_gather='yes' must be true or false"):
         lp_jax.get_recipe("nvfp4", param_gather="yes")
     assert "param_gather" not in PrecisionConfig().overrides()  # None: the recipe's default
     assert PrecisionConfig(param_gather=False).overrides()["param_gather"] is False
+
+
+def _copy_codes(copy):
+    """(data codes, scale bits, global scale) of a weight copy, and whether it is stored
+    transposed (a 1-D block copy along the kernel's first axis)."""
+    q = copy.q if isinstance(copy, Transposed) else copy
+    scale = np.asarray(q.scale)
+    return (codes(q.data), scale.view(np.uint8 if scale.dtype.itemsize == 1 else np.uint32),
+            None if q.global_scale is None else np.float32(q.global_scale)), isinstance(copy, Transposed)
+
+
+def _oracle_codes(w, spec, axis, transposed):
+    """The NumPy oracle's (data codes, scale bits, global scale) of the kernel ``w`` [K, N]."""
+    t, axis = (w.T, 1) if transposed else (w, axis)
+    r = ref.quantize(t, spec.fmt, axis, block_2d=spec.block_2d, scale_rule=spec.scale_rule)
+    scale = np.asarray(r.scale)
+    return r.data, scale.view(np.uint8 if scale.dtype.itemsize == 1 else np.uint32), r.global_scale
+
+
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
+def test_param_gather_quantizes_the_fp32_master_and_off_its_bf16_cast(name):
+    """With param_gather the weight's fprop and dgrad copies are the NumPy oracle's
+    quantization of the FP32 master itself (one rounding, TE's fp8/fp4_param_gather); off,
+    of its BF16 cast (two roundings). The two differ on some element: a cast rounds first."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((128, 256)) * 0.05).astype(np.float32)
+    w_bf16 = np.asarray(jnp.asarray(w).astype(jnp.bfloat16).astype(jnp.float32))
+    got = {}
+    for param_gather, source in ((True, w), (False, w_bf16)):
+        r = lp_jax.get_recipe(name, param_gather=param_gather)
+        copies = jax.jit(lambda w, r=r: weight_operands(r, w, jnp.bfloat16, materialize=True))(w)
+        for copy, spec, axis in zip(copies, (r.fprop_w, r.dgrad_w), (0, 1)):
+            (data, scale, global_scale), transposed = _copy_codes(copy)
+            want_data, want_scale, want_global = _oracle_codes(source, spec, axis, transposed)
+            np.testing.assert_array_equal(data, want_data, err_msg=f"{name} {param_gather} axis {axis}")
+            np.testing.assert_array_equal(scale, want_scale, err_msg=f"{name} {param_gather} axis {axis}")
+            assert (global_scale is None) == (want_global is None) and \
+                (global_scale is None or global_scale == want_global)
+            got[param_gather, axis] = data
+    assert any(not np.array_equal(got[True, a], got[False, a]) for a in (0, 1))
 
 
 def _layouts(model):
@@ -68,7 +116,8 @@ def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
     model = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=4), rngs=nnx.Rngs(0)))
     before = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(model))
     # F1L1: layers 0 and 3 stay in BF16
-    gathered = lp_jax.apply_recipe(model, "fp8_cs", layout=LinearLayout({"data": 1, "fsdp": 4, "tensor": 2})).gathered
+    gathered = lp_jax.apply_recipe(model, lp_jax.get_recipe("fp8_cs", param_gather=True),
+                                   layout=LinearLayout({"data": 1, "fsdp": 4, "tensor": 2})).gathered
     layouts = _layouts(model)
     column, row = ("fsdp", "tensor"), ("tensor", "fsdp")
     for layer in (1, 2):
@@ -81,7 +130,8 @@ def test_layouts_follow_the_partitioning_rules_and_leave_the_state_alone():
     assert layouts["lm_head"] is None and layouts["layers/0/attn/q_proj"] is None
     assert jax.tree.map(lambda x: (x.shape, x.dtype), nnx.state(model)) == before
     # nothing sharded
-    assert lp_jax.apply_recipe(model, "fp8_cs", layout=LinearLayout({"data": 8, "fsdp": 1, "tensor": 1})).gathered == []
+    assert lp_jax.apply_recipe(model, lp_jax.get_recipe("fp8_cs", param_gather=True),
+                               layout=LinearLayout({"data": 8, "fsdp": 1, "tensor": 1})).gathered == []
     assert not any(_layouts(model).values())
     assert lp_jax.apply_recipe(model, lp_jax.get_recipe("fp8_cs", param_gather=False),
                                layout=LinearLayout({"data": 1, "fsdp": 8, "tensor": 1})).gathered == []
@@ -138,8 +188,9 @@ def leaves_equal(a, b):
 for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
     mesh = make_mesh(*sizes)
     # FP8 block's 128x128 tiles stay whole only where no axis of w is split more than 2 ways
-    for name in ("fp8_cs", "mxfp8", "nvfp4") + (("fp8_block",) if max(sizes[1:]) <= 2 else ()):
-        r = lp.get_recipe(name, first_bf16_layers=0, last_bf16_layers=0)
+    for name, pg in [(n, pg) for n in ("fp8_cs", "mxfp8", "nvfp4") + (("fp8_block",) if max(sizes[1:]) <= 2 else ())
+                     for pg in (False, True)]:
+        r = lp.get_recipe(name, first_bf16_layers=0, last_bf16_layers=0, param_gather=pg)
         shard = lambda layout: NamedSharding(mesh, P(*layout))
 
         def both(w_col, w_row):
@@ -151,14 +202,15 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
                 return out
 
         for weight in (w, w_nan):
-            wc = jnp.asarray(weight).astype(jnp.bfloat16)
+            # param_gather quantizes the FP32 master; off, its BF16 cast
+            wc = jnp.asarray(weight) if pg else jnp.asarray(weight).astype(jnp.bfloat16)
             want_f = lp.quantize(wc, r.fprop_w.fmt, axis=0, **quantize_kwargs(r.fprop_w))
             want_d = lp.quantize(wc, r.dgrad_w.fmt, axis=1, **quantize_kwargs(r.dgrad_w))
             got = jax.jit(both, in_shardings=(shard(LAYOUTS[0]), shard(LAYOUTS[1])))(weight, weight)
             for layout, (fq, bq) in zip(LAYOUTS, got):
                 checked += 1
                 if not (leaves_equal(fq, want_f) and leaves_equal(bq, want_d)):
-                    failures.append(f"{name} {sizes} {layout} {'NaN ' if weight is w_nan else ''}weight: "
+                    failures.append(f"{name} pg={pg} {sizes} {layout} {'NaN ' if weight is w_nan else ''}weight: "
                                     "gathered bytes differ from quantize(w)")
 
         def grads(x, w_col, w_row):
@@ -178,13 +230,13 @@ for sizes in [tuple(map(int, m.split(","))) for m in sys.argv[2:]]:
         outs = jax.jit(grads, in_shardings=(rows, shard(LAYOUTS[0]), shard(LAYOUTS[1])))(x, w, w)
         for i, layout in enumerate(LAYOUTS):
             (y0, gx0, gw0), (y1, gx1, gw1) = outs[2 * i], outs[2 * i + 1]
-            tag = f"{name} {sizes} {layout}"
+            tag = f"{name} pg={pg} {sizes} {layout}"
             if not (np.array_equal(np.asarray(y0), np.asarray(y1)) and np.array_equal(np.asarray(gx0), np.asarray(gx1))):
                 failures.append(f"{tag}: y or dx differs with param_gather")
             gw0, gw1 = np.asarray(gw0), np.asarray(gw1)
             if np.abs(gw1 - gw0).max() > 1e-5 * np.abs(gw0).max():
                 failures.append(f"{tag}: dW differs beyond FP32 summation order")
-        if cuda:  # the GPU backends (xla_fp8, cudnn) take the gathered operands: lowered for CUDA
+        if cuda and pg:  # the GPU backends (xla_fp8, cudnn) take the gathered operands: lowered for CUDA
             module = jax.jit(grads).trace(x, w, w).lower(lowering_platforms=("cuda",)).as_text()
             wire = re.findall(r'"stablehlo\.all_gather".* : \(tensor<(?:\d+x)*(\w+)>\)', module)
             # fwd + bwd, 2 layouts; FP8 block's one copy serves both GEMMs, its FP32 scales travel as they are
@@ -201,7 +253,7 @@ def test_gathered_bytes_and_gemms_equal_the_unsharded_recipe(mesh):
     out = _subprocess(["-c", GEMMS, "cuda" if mesh == (2, 2, 2) else "-", ",".join(map(str, mesh))])
     result = json.loads(out.strip().splitlines()[-1])
     recipes = 4 if max(mesh[1:]) <= 2 else 3  # fp8_block where its tiles stay whole
-    assert result["checked"] == recipes * 2 * 2, result  # x column-, row-parallel x 2 weights
+    assert result["checked"] == recipes * 2 * 2 * 2, result  # x param_gather on, off x column-, row-parallel x 2 weights
     assert result["failures"] == [], result["failures"]
 
 
@@ -272,19 +324,28 @@ common = ["model.preset=tiny", "model.num_layers=2", "steps=3", "data.source=moc
           "precision.first_bf16_layers=0", "precision.last_bf16_layers=0"]
 plan = lambda run_dir, *extra: resolve(load_config(None, [f"run_dir={run_dir}", *common, *extra]))
 for name, first, then in (("on_off", "true", "false"), ("off_on", "false", "true")):
-    run(plan(f"{tmp}/{name}", f"precision.param_gather={first}", "stop_at=2"))
+    run(plan(f"{tmp}/{name}", f"precision.param_gather={first}", "stop_at=1"))
     run(plan(f"{tmp}/{name}", f"precision.param_gather={then}"))
-print(json.dumps({name: [m["loss"] for m in read_metrics(f"{tmp}/{name}")] for name in ("on_off", "off_on")}))
+for name, setting in (("on", "true"), ("off", "false")):
+    run(plan(f"{tmp}/{name}", f"precision.param_gather={setting}"))
+print(json.dumps({name: [m["loss"] for m in read_metrics(f"{tmp}/{name}")]
+                  for name in ("on_off", "off_on", "on", "off")}))
 '''
 
 
 @pytest.mark.slow
 def test_checkpoint_crosses_param_gather_on_and_off(tmp_path):
+    """A checkpoint written with param_gather on resumes with it off and the reverse. Step 1
+    runs at lr 0, so step 2 reads the initial weights again: there a resumed run's loss is
+    that of a run with its new setting from the start. The two settings' losses differ (the
+    weights' copies are rounded from the FP32 master or from its BF16 cast)."""
     out = _subprocess(["-c", RESUME, str(tmp_path)])
-    losses = json.loads(out.strip().splitlines()[-1])
-    a, b = np.array(losses["on_off"]), np.array(losses["off_on"])
-    assert len(a) == len(b) == 3
-    # Steps 1-2 see the initial weights (step 1 at lr 0); step 3 follows one update whose
-    # gradients may differ in FP32 summation order.
-    np.testing.assert_allclose(a[:2], b[:2], rtol=1e-6)
-    np.testing.assert_allclose(a[2], b[2], rtol=1e-5)
+    losses = {k: np.array(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    assert all(len(v) == 3 for v in losses.values()), losses
+    on, off = losses["on"], losses["off"]
+    assert abs(on[0] - off[0]) > 1e-6 * abs(off[0]), losses
+    np.testing.assert_allclose([losses["on_off"][0], losses["off_on"][0]], [on[0], off[0]], rtol=1e-6)
+    np.testing.assert_allclose([losses["on_off"][1], losses["off_on"][1]], [off[1], on[1]], rtol=1e-6)
+    # Step 3 follows one update whose Adam moments hold step 1's gradients, taken with the
+    # other setting: the same to the rounding paths' difference.
+    np.testing.assert_allclose([losses["on_off"][2], losses["off_on"][2]], [off[2], on[2]], rtol=1e-3)

@@ -1,10 +1,12 @@
-"""precision.param_gather on vs off: the first train step and its compiled collectives
-(8 forced CPU devices), for tests/gemm/test_param_gather.py.
+"""precision.param_gather's FSDP gathers of quantized bytes against the partitioner's gathers
+of the FP32 masters: the first train step and its compiled collectives (8 forced CPU
+devices), for tests/gemm/test_param_gather.py.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/support/param_gather_runs.py nvfp4 2,2,2
 
-The tiny 2-layer model of tests/support/sharded_runs.py, every Linear in the recipe, one step of
-the trainer's jitted train step with param_gather off and on. Step 1 runs at learning
+The tiny 2-layer model of tests/support/sharded_runs.py, every Linear in the recipe with
+param_gather (weights quantized from the FP32 masters), one step of the trainer's jitted
+train step with the weights gathered by the partitioner ("off") and as quantized bytes ("on"). Step 1 runs at learning
 rate 0, so the state after it holds the first gradients in Adam's first moment
 (mu = (1 - b1) x the clipped gradient). Prints one JSON line: both losses and gradient
 norms, per parameter the largest |mu_on - mu_off| over the largest |mu_off|, and for each
@@ -28,9 +30,9 @@ from lp_jax.training.step import jitted_train_step
 from tests.support.sharded_runs import batches, build
 
 
-def _first_step(recipe: str, mesh_sizes, param_gather: bool):
+def _first_step(recipe: str, mesh_sizes, byte_gathers: bool):
     """(loss, grad norm, first moments by path, lowered module text, compiled HLO text)."""
-    cfg, graphdef, spec, state, mesh = build(recipe, "bfloat16", mesh_sizes, param_gather)
+    cfg, graphdef, spec, state, mesh = build(recipe, "bfloat16", mesh_sizes, True, byte_gathers=byte_gathers)
     batch = state_lib.place_batch(batches(cfg.vocab_size)[0], 1, mesh)
     lowered = jitted_train_step(spec, state).lower(graphdef, spec, state, batch)
     compiled = lowered.compile()

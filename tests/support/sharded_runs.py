@@ -18,6 +18,7 @@ the runs differ only in how the work is split. Prints one JSON line per run.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -61,10 +62,14 @@ def batches(vocab: int) -> list[dict]:
              for k in data_lib.EXAMPLE_KEYS} for b in range(STEPS)]
 
 
-def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32"):
+def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_reduce_dtype: str = "fp32",
+          amax_scope: str = "global", byte_gathers: bool = True):
     """(model config, graphdef, step spec, fresh state, mesh) as the trainer builds them for
-    ``recipe`` with every Linear quantized (F0L0), precision.param_gather and
-    mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked)."""
+    ``recipe`` with every Linear quantized (F0L0), precision.param_gather, amax_scope and
+    mesh.tp_reduce_dtype as given (fp32 here, the partitioner's reductions, unless asked).
+    ``byte_gathers=False``: the same recipe with each weight gathered by the partitioner (its
+    FP32 master) instead of as quantized bytes."""
+    from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
     from lp_jax.parallel.linear_layout import LinearLayout
 
     cfg = llama.preset("tiny", num_layers=2, dtype=jnp.dtype(dtype))
@@ -75,8 +80,12 @@ def build(recipe: str, dtype: str, mesh_sizes, param_gather: bool = True, tp_red
     build_model = lambda: llama.Llama(cfg, rngs=nnx.Rngs(0))  # noqa: E731
     model = nnx.eval_shape(build_model)
     lp_jax.apply_recipe(model, lp_jax.get_recipe(recipe, first_bf16_layers=0, last_bf16_layers=0,
-                                                 param_gather=param_gather),
+                                                 param_gather=param_gather, amax_scope=amax_scope),
                         layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
+    if not byte_gathers:
+        for _, node in nnx.iter_graph(model):
+            if isinstance(node, nnx.Linear) and isinstance(node.dot_general, LowPrecisionDotGeneral):
+                node.dot_general = dataclasses.replace(node.dot_general, gather=None)
     graphdef, params, rest = state_lib.split_model(model)
     target = state_lib.abstract_state((graphdef, params, rest), tx, 0)
     state = state_lib.init_state(build_model, tx, 0, spec.state_shardings(target))

@@ -154,6 +154,8 @@ def test_bridge_api_builds_the_recipe_and_runs(tmp_path):
     plan = resolve(c)  # the 8B plan validates on CPU without building anything
     assert plan.phases[0].recipe.policy == "F0L4" and plan.accum_steps == 768
     assert plan.model_config.fused_projections  # Megatron's linear_qkv and linear_fc1
+    # Transformer Engine's per-rank amaxes; Bridge's NVFP4 preset leaves fp4_param_gather off
+    assert (plan.phases[0].recipe.amax_scope, plan.phases[0].recipe.param_gather) == ("local", False)
     with pytest.raises(ValueError, match="mixed_precision_recipe='fp8' is not one of"):
         api.llama3_8b_low_precision_pretrain_config("fp8")
     small = api.override(c, "model.preset=tiny", "steps=3", "data.seq_len=32",
