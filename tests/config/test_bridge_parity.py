@@ -1,5 +1,5 @@
 """docs/bridge_parity.md's table stays true: every row naming an lp_jax key is checked against
-the shipped configs/llama3_8b_<recipe>.yaml and llama3_8b_low_precision_pretrain_config's
+the shipped configs/llama3_8b_{recipe}.yaml and llama3_8b_low_precision_pretrain_config's
 result for the recipes the row covers. A key is a dotted config field (`optimizer.b1`),
 `arch.<field>` (the model architecture the config builds, models.config.LlamaConfig) or
 `recipe.<field>` (the resolved precision recipe, e.g. `recipe.dgrad_dy.fmt`); a value is YAML
