@@ -4,6 +4,7 @@ tensor scale (docs/numerics.md)."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import jax.numpy as jnp
 import numpy as np
@@ -87,8 +88,28 @@ def fp8_block_values(t, axis, block_2d=False):
 
 
 def _block_values(q: QuantizedTensor):
-    # code x scale_inv, which may be the subnormal 2^-127
-    return F.mul(q.data.astype(jnp.float32), per_element(q, FP8_BLOCK))
+    return fp8_block_decode(q.data.astype(jnp.float32), per_element(q, FP8_BLOCK))
+
+
+def fp8_block_decode(codes, scale_inv):
+    """code x scale_inv (float32, broadcast): exact, a float32 subnormal value included (a
+    tiny block's scale_inv is the subnormal 2^-127), on CPU too, which flushes subnormals.
+    The plain product where lowered for CUDA, which keeps them."""
+    return lax.platform_dependent(codes, scale_inv, default=_decode_on_bits, cuda=operator.mul)
+
+
+def _decode_on_bits(codes, scale_inv):
+    """code x 2^k, k the exponent of the power of two scale_inv: applied as two normal
+    factors where the result is normal; a subnormal result, code x 2^(k + 149) units of
+    2^-149, is an integer (an FP8 code's last bit is at least 2^-16, and k >= -127) below
+    2^23, made into the result's bits."""
+    bits = F.f32_bits(scale_inv)
+    field = ((bits >> 23) & 0xFF).astype(jnp.int32)
+    k = jnp.where(field > 0, field - 127, 31 - lax.clz(bits & 0x7FFFFF).astype(jnp.int32) - 149)
+    units = F.mul_exp2(jnp.abs(codes), jnp.minimum(k + 149, 254))
+    sign = F.f32_bits(codes) & np.uint32(0x80000000)
+    subnormal = lax.bitcast_convert_type(units.astype(jnp.uint32) | sign, jnp.float32)
+    return jnp.where(units < 2.0**23, subnormal, F.mul_exp2(codes, k))
 
 
 @dataclasses.dataclass(frozen=True)

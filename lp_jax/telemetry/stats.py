@@ -23,6 +23,7 @@ from lp_jax.numerics.quantize import (
     MX_BLOCK,
     NVFP4_BLOCK,
     abs_max,
+    fp8_block_decode,
     fp8_block_encode,
     fp8_block_scales,
     mxfp8_block_factors,
@@ -150,7 +151,7 @@ def _fp8_block(t, axis, block_2d):
     amax = abs_max(xb, axis=amax_axes)
     scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes))
     stored = _written_once(fp8_block_encode(xb, expand(scale)).astype(jnp.float32))
-    deq = F.mul(stored, expand(scale_inv))  # scale_inv may be the subnormal 2^-127
+    deq = fp8_block_decode(stored, expand(scale_inv))
     # At its limit: the scale clamped to the largest power of two (448 / amax overflowed).
     at_limit = _floor_log2(scale) == 127
     return _Blocked(xb, stored, stored == 0, deq, amax, _floor_log2(scale_inv), at_limit, block_axis)
