@@ -87,8 +87,10 @@ class _Layout:
     axis: int  # the reduced axis of the blocked array: -1 or -2
 
     @staticmethod
-    def of(t, axis, block):
-        if axis % t.ndim == t.ndim - 1:
+    def of(t, axis, block, blocks_last=False):
+        """``blocks_last``: blocks along the first axis moved last all the same, for a
+        computation that takes them there (4/6's choice)."""
+        if blocks_last or axis % t.ndim == t.ndim - 1:
             return to_blocks(t, axis, block), _Layout(-1)
         return to_blocks_in_place(t, block), _Layout(-2)
 
@@ -135,12 +137,12 @@ def _mxfp8(t, axis, scale_rule):
                     layout.axis)
 
 
-def _block_layout(t, axis, block, block_2d):
+def _block_layout(t, axis, block, block_2d, blocks_last=False):
     """(blocked t, its amax axes, the block axis, per-block -> per-element broadcast): 1-D
     blocks along ``axis`` in t's own order (``_Layout``), or block x block tiles."""
     if block_2d:
         return to_tiles(t, block), (-3, -1), -1, lambda per_block: per_block[..., :, None, :, None]
-    xb, layout = _Layout.of(t, axis, block)
+    xb, layout = _Layout.of(t, axis, block, blocks_last)
     return xb, layout.axis, layout.axis, layout.expand
 
 
@@ -158,7 +160,9 @@ def _fp8_block(t, axis, block_2d):
 
 
 def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
-    xb, amax_axes, block_axis, expand = _block_layout(t, axis, NVFP4_BLOCK, block_2d)
+    # 4/6's choice takes 1-D blocks laid out last ([..., n, 16]), whatever the axis
+    xb, amax_axes, block_axis, expand = _block_layout(t, axis, NVFP4_BLOCK, block_2d,
+                                                      blocks_last=bool(search))
     amax = abs_max(xb, axis=amax_axes)
     amax_t = abs_max(amax)  # the tensor's amax, from its blocks' (the same bits)
     if search:  # 4/6 block scales, chosen as the quantizer chooses them
