@@ -146,15 +146,15 @@ def _block_layout(t, axis, block, block_2d, blocks_last=False):
     return xb, layout.axis, layout.axis, layout.expand
 
 
-def _fp8_block(t, axis, block_2d):
+def _fp8_block(t, axis, block_2d, fmt):
     xb, amax_axes, block_axis, expand = _block_layout(t, axis, FP8_BLOCK, block_2d)
     # The scale ignores NaN elements (as the quantizer does); the statistics' block amax
     # keeps them, so a block holding a NaN counts as unused, as in the other formats.
     amax = abs_max(xb, axis=amax_axes)
-    scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes))
-    stored = _written_once(fp8_block_encode(xb, expand(scale)).astype(jnp.float32))
+    scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes), fmt.max)
+    stored = _written_once(fp8_block_encode(xb, expand(scale), fmt.element).astype(jnp.float32))
     deq = fp8_block_decode(stored, expand(scale_inv))
-    # At its limit: the scale clamped to the largest power of two (448 / amax overflowed).
+    # At its limit: the scale clamped to the largest power of two (fmax / amax overflowed).
     at_limit = _floor_log2(scale) == 127
     return _Blocked(xb, stored, stored == 0, deq, amax, _floor_log2(scale_inv), at_limit, block_axis)
 
@@ -191,7 +191,7 @@ def _nvfp4_operand(t, spec, axis, key):
 _BLOCKED = {
     "per_tensor": lambda t, spec, axis, key: _per_tensor(t, format_named(spec.fmt).element, axis),
     "mxfp8": lambda t, spec, axis, key: _mxfp8(t, axis, spec.scale_rule),
-    "fp8_block": lambda t, spec, axis, key: _fp8_block(t, axis, spec.block_2d),
+    "fp8_block": lambda t, spec, axis, key: _fp8_block(t, axis, spec.block_2d, format_named(spec.fmt)),
     "nvfp4": _nvfp4_operand,
 }
 

@@ -30,12 +30,13 @@ from tests.support.numpy_reference_casts import E2M1, E4M3, E5M2, decode
 
 FLT_MIN = np.finfo(np.float32).tiny
 # Formats held to the oracle bit for bit for subnormal inputs and outputs as well.
-EXACT_SUBNORMALS = {"fp8_block"}
-ELEMENT = {"fp8_e4m3": E4M3, "fp8_e5m2": E5M2, "mxfp8": E4M3, "nvfp4": E2M1, "fp8_block": E4M3}
+EXACT_SUBNORMALS = {"fp8_block", "fp8_block_e5m2"}
+ELEMENT = {"fp8_e4m3": E4M3, "fp8_e5m2": E5M2, "mxfp8": E4M3, "nvfp4": E2M1, "fp8_block": E4M3,
+           "fp8_block_e5m2": E5M2}
 DATA_DTYPE = {"fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2, "mxfp8": jnp.float8_e4m3fn,
-              "nvfp4": jnp.float4_e2m1fn, "fp8_block": jnp.float8_e4m3fn}
+              "nvfp4": jnp.float4_e2m1fn, "fp8_block": jnp.float8_e4m3fn, "fp8_block_e5m2": jnp.float8_e5m2}
 SCALE_DTYPE = {"fp8_e4m3": jnp.float32, "fp8_e5m2": jnp.float32, "mxfp8": jnp.float8_e8m0fnu,
-               "nvfp4": jnp.float8_e4m3fn, "fp8_block": jnp.float32}
+               "nvfp4": jnp.float8_e4m3fn, "fp8_block": jnp.float32, "fp8_block_e5m2": jnp.float32}
 
 
 def codes(a) -> np.ndarray:
