@@ -52,7 +52,8 @@ def quantize(x, fmt, axis=-1, *, block_2d=False, rounding="nearest", key=None,
     (16-element blocks or, with block_2d, 16x16 tiles over the last two axes; E4M3 block
     scales and a float32 tensor scale; rounding "nearest" or "stochastic" with key=).
     "fp8_block" (Transformer Engine's FP8 block scaling: 1x128 blocks along axis or, with
-    block_2d, 128x128 tiles; E4M3 codes, float32 power-of-two scales, XLA only).
+    block_2d, 128x128 tiles; E4M3 codes, float32 power-of-two scales, XLA only), or
+    "fp8_block_e5m2" (the same with E5M2 codes: the gradients of its fp8_format "HYBRID").
     block_scale_search: None, or "4over6" for NVFP4 (each block scaled to 6 or to 4, whichever
     reconstructs it with the smaller error by ``metric``, "mae" or "mse"; XLA only).
     impl: "xla", "pallas" (the same bits; interpreted on CPU) or "auto".

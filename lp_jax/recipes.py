@@ -15,11 +15,11 @@ import difflib
 import re
 from typing import ClassVar, Literal
 
-Format = Literal["fp8_e4m3", "fp8_e5m2", "fp8_block", "mxfp8", "nvfp4"]
+Format = Literal["fp8_e4m3", "fp8_e5m2", "fp8_block", "fp8_block_e5m2", "mxfp8", "nvfp4"]
 Backend = Literal["auto", "reference", "xla_fp8", "cudnn", "xla_scaled_dot", "wgmma"]
 QuantizeImpl = Literal["xla", "pallas", "auto"]
 PER_TENSOR_FORMATS: tuple[Format, ...] = ("fp8_e4m3", "fp8_e5m2")
-BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "mxfp8", "nvfp4")
+BLOCK_FORMATS: tuple[Format, ...] = ("fp8_block", "fp8_block_e5m2", "mxfp8", "nvfp4")
 BACKENDS: tuple[Backend, ...] = ("auto", "reference", "xla_fp8", "cudnn", "xla_scaled_dot", "wgmma")
 QUANTIZE_IMPLS: tuple[QuantizeImpl, ...] = ("xla", "pallas", "auto")
 AmaxScope = Literal["global", "local"]
@@ -213,23 +213,30 @@ class Float8CurrentScaling(Recipe):
 
 @dataclasses.dataclass(frozen=True)
 class Float8BlockScaling(Recipe):
-    """FP8 block scaling (TE ``Float8BlockScaling``, DeepSeek-V3's recipe): all E4M3, FP32
+    """FP8 block scaling (TE ``Float8BlockScaling``, DeepSeek-V3's recipe): FP32
     power-of-two scales; activations and gradients in 1x128 blocks along each GEMM's
     contraction axis (the wgrad copies along the tokens, quantized again from the BF16
-    tensor), weights in 128x128 tiles (the same bytes serve fprop and dgrad). Megatron
-    Bridge's ``bf16_with_fp8_subchannel_scaling_mixed`` keeps no layer in BF16 (F0L0).
+    tensor), weights in 128x128 tiles (the same bytes serve fprop and dgrad).
+
+    fp8_format "E4M3" (TE's default for this recipe): every operand in E4M3; "HYBRID": the
+    gradient dy of the dgrad and wgrad GEMMs in E5M2 blocks, x and W in E4M3. Megatron
+    Bridge's ``bf16_with_fp8_subchannel_scaling_mixed`` is HYBRID (its fp8="hybrid") and
+    keeps no layer in BF16 (F0L0).
     """
 
     name: ClassVar[str] = "fp8_block"
     gemm_dtype: ClassVar[str] = "fp8"
     hopper_backend: ClassVar[str | None] = "wgmma"
+    fp8_format: str = "E4M3"
 
     def _operands(self):
+        check_choice("fp8_format", self.fp8_format, ("E4M3", "HYBRID"))
         if self.quantize_impl == "pallas":
             raise ValueError("quantize_impl='pallas' cannot run recipe 'fp8_block' (no Pallas kernel "
                              "quantizes its blocks); use 'xla' or 'auto'")
         rows, tiles = OperandSpec("fp8_block"), OperandSpec("fp8_block", block_2d=True)
-        return dict(fprop_x=rows, fprop_w=tiles, dgrad_dy=rows, dgrad_w=tiles, wgrad_x=rows, wgrad_dy=rows)
+        grad = OperandSpec("fp8_block_e5m2") if self.fp8_format == "HYBRID" else rows
+        return dict(fprop_x=rows, fprop_w=tiles, dgrad_dy=grad, dgrad_w=tiles, wgrad_x=rows, wgrad_dy=grad)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,7 +306,8 @@ class NVFP4BlockScaling(Recipe):
 
 
 _CLASSES = (BF16, Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling)
-# Megatron Bridge's mixed_precision recipe names -> our short names.
+# Megatron Bridge's mixed_precision recipe names -> our short names, and the fields whose
+# value Bridge's recipe sets apart from the short name's default.
 BRIDGE_NAMES = {
     "bf16_mixed": "bf16",
     "bf16_with_fp8_current_scaling_mixed": "fp8_cs",
@@ -307,6 +315,7 @@ BRIDGE_NAMES = {
     "bf16_with_mxfp8_mixed": "mxfp8",
     "bf16_with_nvfp4_mixed": "nvfp4",
 }
+BRIDGE_FIELDS = {"bf16_with_fp8_subchannel_scaling_mixed": {"fp8_format": "HYBRID"}}
 # Every name a recipe answers to: short names, Megatron Bridge's names, TE's class names.
 RECIPES: dict[str, type[Recipe]] = {cls.name: cls for cls in _CLASSES}
 RECIPES.update({bridge: RECIPES[short] for bridge, short in BRIDGE_NAMES.items()})
@@ -324,12 +333,13 @@ def parse_policy(policy: str) -> tuple[int, int]:
 def get_recipe(name: str | Recipe, **overrides) -> Recipe:
     """A recipe by short, Megatron Bridge or TE name, with fields overridden by keyword.
 
-    ``policy="F1L1"`` is accepted as shorthand for first_bf16_layers/last_bf16_layers.
+    A Bridge name gives Bridge's recipe (``BRIDGE_FIELDS``); ``policy="F1L1"`` is accepted
+    as shorthand for first_bf16_layers/last_bf16_layers.
     """
     if isinstance(name, Recipe):
         cls, base = type(name), {f.name: getattr(name, f.name) for f in dataclasses.fields(name) if f.init}
     elif name in RECIPES:
-        cls, base = RECIPES[name], {}
+        cls, base = RECIPES[name], dict(BRIDGE_FIELDS.get(name, {}))
     else:
         close = difflib.get_close_matches(str(name), list(RECIPES), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""

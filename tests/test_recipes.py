@@ -49,6 +49,24 @@ def test_fp8_block_operands_rows_and_weight_tiles():
         lp.get_recipe("fp8_block", quantize_impl="pallas")
 
 
+def test_fp8_block_hybrid_puts_the_gradients_in_e5m2_blocks_as_bridge_does():
+    """TE's Float8BlockScaling defaults to E4M3 everywhere; fp8_format HYBRID puts dy of the
+    dgrad and wgrad GEMMs in E5M2 1x128 blocks. Bridge's subchannel recipe is HYBRID."""
+    assert lp.get_recipe("fp8_block").fp8_format == "E4M3"
+    assert lp.get_recipe("Float8BlockScaling").fp8_format == "E4M3"
+    bridge = lp.get_recipe("bf16_with_fp8_subchannel_scaling_mixed")
+    assert bridge == lp.get_recipe("fp8_block", fp8_format="HYBRID") and bridge.policy == "F0L0"
+    rows, tiles = lp.OperandSpec("fp8_block"), lp.OperandSpec("fp8_block", block_2d=True)
+    assert (bridge.fprop_x, bridge.fprop_w, bridge.dgrad_w, bridge.wgrad_x) == (rows, tiles, tiles, rows)
+    assert bridge.dgrad_dy == bridge.wgrad_dy == lp.OperandSpec("fp8_block_e5m2")
+    assert bridge.native_backends == ("cudnn", "wgmma", "xla_scaled_dot")
+    # fields given with the Bridge name go on top of Bridge's
+    e4m3 = lp.get_recipe("bf16_with_fp8_subchannel_scaling_mixed", fp8_format="E4M3")
+    assert e4m3 == lp.get_recipe("fp8_block")
+    with pytest.raises(ValueError, match=r"fp8_format='E5M2' is not valid; expected one of"):
+        lp.get_recipe("fp8_block", fp8_format="E5M2")
+
+
 def test_nvfp4_4over6_on_weights_activations_or_all_never_gradients():
     assert lp.get_recipe("nvfp4").fprop_w.block_scale_search is None  # off by default
     fields = ("fprop_x", "fprop_w", "dgrad_dy", "dgrad_w", "wgrad_x", "wgrad_dy")

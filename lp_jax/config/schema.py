@@ -105,8 +105,9 @@ class PrecisionConfig:
     # through the step (docs/models.md). false: made in every micro-batch.
     cache_weights: bool = True
     # Any field of the recipe by its own name, the ones the keys above do not name too
-    # (fp8_cs fp8_format HYBRID | E4M3, mxfp8 scale_rule rceil | floor), passed to
-    # get_recipe as keywords: `options: {scale_rule: floor}`, `precision.options.scale_rule=floor`.
+    # (fp8_cs fp8_format HYBRID | E4M3, fp8_block fp8_format E4M3 | HYBRID, mxfp8 scale_rule
+    # rceil | floor), passed to get_recipe as keywords: `options: {scale_rule: floor}`,
+    # `precision.options.scale_rule=floor`.
     # A field the recipe does not have is refused; one also set by a key above must agree.
     options: FrozenMapping = FrozenMapping()
 

@@ -112,8 +112,9 @@ def block_operands(a, b, contracting):
     (ca,), (cb,) = contracting
     ad, as_, fa = block_operand(a, ca)
     bd, bs, fb = block_operand(b, cb)
-    if as_.dtype == jnp.float32:  # FP8 block scaling, both operands
+    if as_.dtype == jnp.float32:  # FP8 block scaling (E4M3, or E5M2 gradients), both operands
         as_, bs = as_mx_scales(as_, ad.shape[1]), as_mx_scales(bs, bd.shape[1])
+        return ad, as_, fa, bd, bs, fb, MX_BLOCK
     return ad, as_, fa, bd, bs, fb, BLOCK_OF[jnp.dtype(ad.dtype)]
 
 

@@ -32,7 +32,7 @@ def scaled_dot(a, b, contracting, compute_dtype, out_dtype):
     ad, a_scales, _ = block_operand(a, ca)
     bd, b_scales, _ = block_operand(b, cb)
     if a_scales.dtype != jnp.float32 or b_scales.dtype != jnp.float32:
-        raise ValueError("the wgmma backend multiplies FP8 block scaling's operands (E4M3, FP32 "
+        raise ValueError("the wgmma backend multiplies FP8 block scaling's operands (FP8, FP32 "
                          f"scales), got scales {a_scales.dtype} and {b_scales.dtype}")
     # The bytes stay as quantized: nothing may fold their convert into a wider GEMM.
     ad, bd, a_scales, b_scales = lax.optimization_barrier((ad, bd, a_scales, b_scales))

@@ -2,12 +2,13 @@
 
 Hopper's tensor cores multiply FP8 with one scale for the whole product (WGMMA has no block
 scales), so a GEMM whose operands carry one FP32 scale per 128 elements of K is computed
-K block by K block: per output tile, WGMMA multiplies the E4M3 bytes of one 128-wide K block
+K block by K block: per output tile, WGMMA multiplies the FP8 bytes of one 128-wide K block
 into a fresh FP32 accumulator, and that partial product, times the row's scale of A and the
 column's scale of B for that block, is added to the tile's FP32 sum in registers. Every
-product of two E4M3 values is exact in FP32 and the scales are powers of two, so the result
-is the reference's (dequantize, then an FP32 dot) up to FP32 summation order, wherever the
-results are normal FP32 numbers. 2^-127, the least scale the recipe makes, is an FP32
+product of two FP8 values (E4M3, or E5M2 for HYBRID's gradients: WGMMA takes the two types
+mixed) is exact in FP32 and the scales are powers of two, so the result is the reference's
+(dequantize, then an FP32 dot) up to FP32 summation order, wherever the results are normal
+FP32 numbers. 2^-127, the least scale the recipe makes, is an FP32
 subnormal, which XLA:CPU (the interpreter) flushes to zero and a GPU might: the kernel is
 given every scale doubled (2^-126 to 2^120, normal numbers, made from the exponent field)
 and quarters the sum once at the end, ``(partial x 2 s_a) x 2 s_b / 4``: exact where
@@ -15,7 +16,7 @@ partial x 2 s_a and the result are normal (a K block's partial x s_a below 2^-12
 needs a cancelling block times the least scales, is flushed on CPU).
 
 Operands come with their contraction last, as cuDNN's block-scaled GEMM takes them: a [M, K]
-and b [N, K] E4M3, scales [M, K/128] and [N, K/128] FP32, one per row and K block (a 128x128
+and b [N, K] FP8, scales [M, K/128] and [N, K/128] FP32, one per row and K block (a 128x128
 weight tile's scale repeated over its rows). Shapes need not be multiples of the tile: rows
 and K are zero-padded (scale 1) and the result sliced.
 
@@ -38,6 +39,7 @@ from lp_jax.kernels.tiles import round_up
 from lp_jax.numerics import formats as F
 
 K_BLOCK = 128  # FP8 block scaling's block: one scale per row per 128 elements of K
+_FP8 = (jnp.dtype(F.E4M3), jnp.dtype(F.E5M2))
 TILE_M = 64  # one warpgroup's WGMMA rows
 TILE_N = 128
 STAGES = 2  # K blocks in flight (TMA loads ahead of the WGMMA)
@@ -61,11 +63,11 @@ def fp8_block_gemm(a, a_scales, b, b_scales, *, interpret: bool | None = None):
     """sum over K blocks of (a_blk @ b_blk^T) x a_scale x b_scale, [M, N] FP32.
     The scales are FP8 block scaling's: powers of two from 2^-127 to 2^120.
 
-    a [M, K], b [N, K]: E4M3; a_scales [M, ceil(K/128)], b_scales [N, ceil(K/128)]: FP32.
+    a [M, K], b [N, K]: E4M3 or E5M2; a_scales [M, ceil(K/128)], b_scales [N, ceil(K/128)]: FP32.
     ``interpret``: as ``lp_jax.kernels.launch.interpret_params`` (None: compiled on a GPU or
     inside ``compiled_kernels``, Pallas's GPU interpreter elsewhere)."""
-    if a.dtype != F.E4M3 or b.dtype != F.E4M3:
-        raise ValueError(f"the FP8 block GEMM multiplies E4M3 operands, got {a.dtype} and {b.dtype}")
+    if a.dtype not in _FP8 or b.dtype not in _FP8:
+        raise ValueError(f"the FP8 block GEMM multiplies E4M3 or E5M2 operands, got {a.dtype} and {b.dtype}")
     (m, k), (n, k2) = a.shape, b.shape
     kb = -(-k // K_BLOCK)
     if k2 != k or a_scales.shape != (m, kb) or b_scales.shape != (n, kb):

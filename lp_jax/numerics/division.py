@@ -64,7 +64,7 @@ def _bits(x):
     return lax.bitcast_convert_type(x, jnp.uint32)
 
 
-def _normalized(magnitude):
+def normalized(magnitude):
     """(significand with bit 23 set, exponent e) with |x| = sig * 2^(e - 23), for the bits of
     a finite nonzero |x|; a subnormal's significand is shifted up by its leading zeros."""
     biased = (magnitude >> 23).astype(jnp.int32)
@@ -100,6 +100,21 @@ def _long_division(sig_a, exp_a, sig_b, exp_b):
     return q, exp_a - exp_b - below.astype(jnp.int32), r != 0
 
 
+def rounded_magnitude(q, exponent, sticky):
+    """The float32 bits of q * 2^(exponent - 24) rounded to nearest even (q in [2^24, 2^25),
+    ``sticky`` where nonzero bits below q were dropped): a normal number, a subnormal one on
+    the grid of 2^-149, or inf where it overflows. How ``ieee_div`` and the products and sums
+    of ``gradual_underflow`` round their exact results."""
+    normal = rne_shift_right(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
+    carry = normal >> 24  # rounded up to 2^24: one binade up
+    biased = exponent + 127 + carry.astype(jnp.int32)
+    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | ((normal >> carry) & 0x7FFFFF)
+    # below 2^-126: q * 2^(exponent - 24) on the grid of 2^-149 is q >> (-exponent - 125)
+    # (0 from a shift of 26 up, q being below 2^25)
+    tiny = rne_shift_right(q, -exponent - 125, sticky)
+    return jnp.where(biased > 254, _INF, jnp.where(exponent < -126, tiny, normal_bits))
+
+
 def ieee_div(a, b):
     """a / b for float32 a, b, rounded to nearest even as IEEE 754 divides, from integer
     operations only: the same bits on CPU, GPU and in Mosaic GPU kernels (no subnormal is
@@ -109,17 +124,7 @@ def ieee_div(a, b):
     sign = (a_bits ^ b_bits) & _SIGN
     a_mag, b_mag = a_bits & ~_SIGN, b_bits & ~_SIGN
 
-    q, exponent, sticky = _long_division(*_normalized(a_mag), *_normalized(b_mag))
-    # |a / b| = q * 2^(exponent - 24), q in [2^24, 2^25)
-    normal = rne_shift_right(q, jnp.ones_like(exponent), sticky)  # 2^23 <= normal <= 2^24
-    carry = normal >> 24  # rounded up to 2^24: one binade up
-    biased = exponent + 127 + carry.astype(jnp.int32)
-    normal_bits = (jnp.clip(biased, 1, 254).astype(jnp.uint32) << 23) | ((normal >> carry) & 0x7FFFFF)
-    # below 2^-126: q * 2^(exponent - 24) on the grid of 2^-149 is q >> (-exponent - 125)
-    # (0 from a shift of 26 up, q being below 2^25)
-    tiny = rne_shift_right(q, -exponent - 125, sticky)
-    magnitude = jnp.where(biased > 254, _INF, jnp.where(exponent < -126, tiny, normal_bits))
-
+    magnitude = rounded_magnitude(*_long_division(*normalized(a_mag), *normalized(b_mag)))
     a_nan, b_nan = a_mag > _INF, b_mag > _INF
     a_inf, b_inf = a_mag == _INF, b_mag == _INF
     a_zero, b_zero = a_mag == 0, b_mag == 0

@@ -12,6 +12,7 @@ from jax import lax
 
 from lp_jax.numerics import formats as F
 from lp_jax.numerics import four_over_six
+from lp_jax.numerics import gradual_underflow as G
 from lp_jax.numerics.blocks import (
     abs_max,
     block_amax,
@@ -109,11 +110,11 @@ def quantize_4over6(xf, axis, block_2d, rounding, key, metric, amax_t) -> Quanti
         r, c = xf.shape[-2:]
         xt = to_tiles(xf, NVFP4_BLOCK)
         s_b, enc = four_over_six.choose_scales(xt, abs_max(xt, axis=(-3, -1)), amax_t, True, metric)
-        data = from_tiles(nvfp4_encode(xt, enc[..., :, None, :, None], rounding, key), r, c)
+        data = from_tiles(four_over_six.encode(xt, enc[..., :, None, :, None], rounding, key), r, c)
         return QuantizedTensor(data, s_b, g, NVFP4_FORMAT.name, xf.ndim - 1, True, amax_t)
     xb = to_blocks(xf, axis, NVFP4_BLOCK)
     s_b, enc = four_over_six.choose_scales(xb, block_amax(xf, axis, NVFP4_BLOCK), amax_t, False, metric)
-    data = from_blocks(nvfp4_encode(xb, enc[..., None], rounding, key), axis, xf.shape[axis])
+    data = from_blocks(four_over_six.encode(xb, enc[..., None], rounding, key), axis, xf.shape[axis])
     return QuantizedTensor(data, jnp.moveaxis(s_b, -1, axis), g, NVFP4_FORMAT.name, axis, False, amax_t)
 
 
@@ -186,7 +187,7 @@ class NVFP4(Format):
     def dequantize(self, q):
         if q.tensor_amax is not None:  # 4/6 block scales: code x ((s x amax) x fl(1/1536))
             factors = four_over_six.dequantize_factors(q.scale, q.tensor_amax)
-            return q.data.astype(jnp.float32) * per_element(q, NVFP4_BLOCK, factors)
+            return G.mul(q.data.astype(jnp.float32), per_element(q, NVFP4_BLOCK, factors))
         return super().dequantize(q)
 
     def values(self, t, axis, *, block_2d=False, rounding="nearest", key=None, block_scale_search=None,

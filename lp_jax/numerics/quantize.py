@@ -24,7 +24,13 @@ from lp_jax.numerics.blocks import (
     to_tiles,
     unblocked,
 )
-from lp_jax.numerics.fp8_block import FP8_BLOCK, fp8_block_encode, fp8_block_scales, quantize_fp8_block
+from lp_jax.numerics.fp8_block import (
+    FP8_BLOCK,
+    fp8_block_decode,
+    fp8_block_encode,
+    fp8_block_scales,
+    quantize_fp8_block,
+)
 from lp_jax.numerics.fp8_per_tensor import TENSOR_AMAX, quantize_per_tensor, scale_cast_fp8, tensor_scale_fp8
 from lp_jax.numerics.mxfp8 import MX_BLOCK, mxfp8_block_factors, mxfp8_blocks, mxfp8_decode_factors
 from lp_jax.numerics.nvfp4 import (
@@ -47,8 +53,8 @@ __all__ = [
     "BLOCK_2D_FORMATS", "BLOCK_SCALE_SEARCHES", "FORMATS", "FP8_BLOCK", "INV_E2M1_MAX", "MX_BLOCK",
     "NVFP4_BLOCK", "NVFP4_TENSOR_SCALE_NUM", "QuantizedTensor", "ROUNDINGS", "SCALE_RULES", "TENSOR_AMAX",
     "abs_max", "along_blocks", "as_quantizer_input", "block_amax", "block_values", "check_quantize_args",
-    "dequantize", "format_named", "fp8_block_encode", "fp8_block_scales", "from_blocks", "from_tiles",
-    "mxfp8_block_factors", "mxfp8_blocks", "mxfp8_decode_factors", "nvfp4_block_encoding",
+    "dequantize", "format_named", "fp8_block_decode", "fp8_block_encode", "fp8_block_scales", "from_blocks",
+    "from_tiles", "mxfp8_block_factors", "mxfp8_blocks", "mxfp8_decode_factors", "nvfp4_block_encoding",
     "nvfp4_block_scales", "nvfp4_blocks", "nvfp4_encode", "nvfp4_encode_codes", "nvfp4_encode_values",
     "nvfp4_tensor_scale", "nvfp4_tiles", "quantize_fp8_block", "quantize_per_tensor", "quantize_xla",
     "scale_cast_fp8", "tensor_scale_fp8", "to_blocks", "to_blocks_in_place", "to_tiles", "unblocked",

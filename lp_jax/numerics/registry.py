@@ -8,7 +8,7 @@ the format modules). NVFP4's 4/6 block scales are a variant of NVFP4
 from __future__ import annotations
 
 from lp_jax.numerics.format import Format, FormatVariant
-from lp_jax.numerics.fp8_block import FP8_BLOCK_FORMAT
+from lp_jax.numerics.fp8_block import FP8_BLOCK_E5M2_FORMAT, FP8_BLOCK_FORMAT
 from lp_jax.numerics.fp8_per_tensor import FP8_E4M3, FP8_E5M2
 from lp_jax.numerics.mxfp8 import MXFP8_FORMAT
 from lp_jax.numerics.nvfp4 import FOUR_OVER_SIX, NVFP4_FORMAT
@@ -16,8 +16,8 @@ from lp_jax.numerics.nvfp4 import FOUR_OVER_SIX, NVFP4_FORMAT
 __all__ = ["FOUR_OVER_SIX", "NAMES", "REGISTRY", "Format", "FormatVariant", "format_named", "names_where"]
 
 # In the order lp.FORMATS lists them.
-REGISTRY: dict[str, Format] = {
-    f.name: f for f in (FP8_E4M3, FP8_E5M2, MXFP8_FORMAT, NVFP4_FORMAT, FP8_BLOCK_FORMAT)}
+REGISTRY: dict[str, Format] = {f.name: f for f in (
+    FP8_E4M3, FP8_E5M2, MXFP8_FORMAT, NVFP4_FORMAT, FP8_BLOCK_FORMAT, FP8_BLOCK_E5M2_FORMAT)}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 
 

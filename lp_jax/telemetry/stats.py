@@ -23,6 +23,7 @@ from lp_jax.numerics.quantize import (
     MX_BLOCK,
     NVFP4_BLOCK,
     abs_max,
+    fp8_block_decode,
     fp8_block_encode,
     fp8_block_scales,
     mxfp8_block_factors,
@@ -86,8 +87,10 @@ class _Layout:
     axis: int  # the reduced axis of the blocked array: -1 or -2
 
     @staticmethod
-    def of(t, axis, block):
-        if axis % t.ndim == t.ndim - 1:
+    def of(t, axis, block, blocks_last=False):
+        """``blocks_last``: blocks along the first axis moved last all the same, for a
+        computation that takes them there (4/6's choice)."""
+        if blocks_last or axis % t.ndim == t.ndim - 1:
             return to_blocks(t, axis, block), _Layout(-1)
         return to_blocks_in_place(t, block), _Layout(-2)
 
@@ -134,30 +137,32 @@ def _mxfp8(t, axis, scale_rule):
                     layout.axis)
 
 
-def _block_layout(t, axis, block, block_2d):
+def _block_layout(t, axis, block, block_2d, blocks_last=False):
     """(blocked t, its amax axes, the block axis, per-block -> per-element broadcast): 1-D
     blocks along ``axis`` in t's own order (``_Layout``), or block x block tiles."""
     if block_2d:
         return to_tiles(t, block), (-3, -1), -1, lambda per_block: per_block[..., :, None, :, None]
-    xb, layout = _Layout.of(t, axis, block)
+    xb, layout = _Layout.of(t, axis, block, blocks_last)
     return xb, layout.axis, layout.axis, layout.expand
 
 
-def _fp8_block(t, axis, block_2d):
+def _fp8_block(t, axis, block_2d, fmt):
     xb, amax_axes, block_axis, expand = _block_layout(t, axis, FP8_BLOCK, block_2d)
     # The scale ignores NaN elements (as the quantizer does); the statistics' block amax
     # keeps them, so a block holding a NaN counts as unused, as in the other formats.
     amax = abs_max(xb, axis=amax_axes)
-    scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes))
-    stored = _written_once(fp8_block_encode(xb, expand(scale)).astype(jnp.float32))
-    deq = F.mul(stored, expand(scale_inv))  # scale_inv may be the subnormal 2^-127
-    # At its limit: the scale clamped to the largest power of two (448 / amax overflowed).
+    scale, scale_inv = fp8_block_scales(abs_max(jnp.where(jnp.isnan(xb), 0, xb), axis=amax_axes), fmt.max)
+    stored = _written_once(fp8_block_encode(xb, expand(scale), fmt.element).astype(jnp.float32))
+    deq = fp8_block_decode(stored, expand(scale_inv))
+    # At its limit: the scale clamped to the largest power of two (fmax / amax overflowed).
     at_limit = _floor_log2(scale) == 127
     return _Blocked(xb, stored, stored == 0, deq, amax, _floor_log2(scale_inv), at_limit, block_axis)
 
 
 def _nvfp4(t, axis, block_2d, rounding, key, search=None, metric="mae"):
-    xb, amax_axes, block_axis, expand = _block_layout(t, axis, NVFP4_BLOCK, block_2d)
+    # 4/6's choice takes 1-D blocks laid out last ([..., n, 16]), whatever the axis
+    xb, amax_axes, block_axis, expand = _block_layout(t, axis, NVFP4_BLOCK, block_2d,
+                                                      blocks_last=bool(search))
     amax = abs_max(xb, axis=amax_axes)
     amax_t = abs_max(amax)  # the tensor's amax, from its blocks' (the same bits)
     if search:  # 4/6 block scales, chosen as the quantizer chooses them
@@ -186,7 +191,7 @@ def _nvfp4_operand(t, spec, axis, key):
 _BLOCKED = {
     "per_tensor": lambda t, spec, axis, key: _per_tensor(t, format_named(spec.fmt).element, axis),
     "mxfp8": lambda t, spec, axis, key: _mxfp8(t, axis, spec.scale_rule),
-    "fp8_block": lambda t, spec, axis, key: _fp8_block(t, axis, spec.block_2d),
+    "fp8_block": lambda t, spec, axis, key: _fp8_block(t, axis, spec.block_2d, format_named(spec.fmt)),
     "nvfp4": _nvfp4_operand,
 }
 

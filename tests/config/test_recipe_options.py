@@ -24,6 +24,8 @@ RECIPE_SAMPLES = {
     "disable_rht": True, "disable_stochastic_rounding": True, "disable_2d": True,
     "block_scale_search": "4over6", "block_scale_search_on": "all", "block_scale_search_metric": "mse",
 }
+# Where a field's default differs by recipe: (recipe, field) -> a sample unlike that default.
+RECIPE_SAMPLES_OF = {("fp8_block", "fp8_format"): "HYBRID"}
 # Recipe fields no config sets, and why.
 NOT_FROM_CONFIG = {name: "an operand spec, derived from the recipe's other fields in __post_init__ "
                          "(init=False): get_recipe takes no such keyword" for name in OPERAND_FIELDS}
@@ -34,6 +36,10 @@ def _text(value) -> str:
     """``value`` as it is written on the command line."""
     return yaml.safe_dump(list(value) if isinstance(value, tuple) else value,
                           default_flow_style=True).removesuffix("\n...\n").strip()
+
+
+def _sample(cls, name):
+    return RECIPE_SAMPLES_OF.get((cls.name, name), RECIPE_SAMPLES.get(name))
 
 
 def _recipes(*overrides):
@@ -48,7 +54,7 @@ def test_every_recipe_field_is_set_from_the_command_line(cls, field):
         return
     assert field.name in RECIPE_SAMPLES, (f"{cls.__name__}.{field.name} has no sample value here: add "
                                           "one, and make sure precision.options reaches it")
-    value = RECIPE_SAMPLES[field.name]
+    value = _sample(cls, field.name)
     assert value != field.default
     (recipe,) = _recipes(f"precision={cls.name}", f"precision.options.{field.name}={_text(value)}")
     assert type(recipe) is cls and getattr(recipe, field.name) == value
@@ -56,7 +62,7 @@ def test_every_recipe_field_is_set_from_the_command_line(cls, field):
 
 @pytest.mark.parametrize("cls", RECIPE_CLASSES, ids=lambda cls: cls.name)
 def test_all_of_a_recipes_fields_from_yaml_and_in_a_precision_schedule(cls, tmp_path):
-    options = {f.name: RECIPE_SAMPLES[f.name] for f in dataclasses.fields(cls) if f.init}
+    options = {f.name: _sample(cls, f.name) for f in dataclasses.fields(cls) if f.init}
     entry = {"recipe": cls.name, "options": {k: list(v) if isinstance(v, tuple) else v
                                              for k, v in options.items()}}
     path = tmp_path / "run.yaml"
@@ -100,6 +106,8 @@ def test_options_go_with_the_section_own_keys():
     (["precision=mxfp8", "precision.options.scale_rule=round"],
      "precision.options: scale_rule='round' is not valid; expected 'rceil' or 'floor'"),
     (["precision=fp8_cs", "precision.options.fp8_format=E5M2"], "fp8_format='E5M2' is not valid"),
+    (["precision=fp8_block", "precision.options.fp8_format=hybrid"],
+     "precision.options: fp8_format='hybrid' is not valid; expected one of ('E4M3', 'HYBRID')"),
     (["precision=nvfp4", "precision.options.disable_rht=maybe"],
      "config key 'precision.options.disable_rht' must be true or false, got 'maybe'"),
     (["precision=nvfp4", "precision.options.bf16_layers=[a]"],

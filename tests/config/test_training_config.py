@@ -11,7 +11,9 @@ import yaml
 from lp_jax.config.schema import PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import all_keys, dump_yaml, from_dict, load_config
 from lp_jax.errors import UserError
-from lp_jax.training import cli
+from lp_jax.recipes import BRIDGE_NAMES, get_recipe
+from lp_jax.training import api, cli
+from lp_jax.training.validate import resolve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -61,6 +63,19 @@ def test_tiny_configs_keep_global_amaxes_and_weights_quantized_from_their_bf16_c
     c = load_config(path)
     assert (c.precision.amax_scope, c.precision.param_gather) == (None, None)
     assert all(p.amax_scope is None and p.param_gather is None for p in c.precision_schedule)
+
+
+@pytest.mark.parametrize("bridge_name, short", list(BRIDGE_NAMES.items()))
+def test_llama3_8b_configs_and_the_api_quantize_each_operand_as_bridge(bridge_name, short):
+    """The shipped 8B config and the Bridge API's config resolve to the recipe of Bridge's
+    name: the same format for every GEMM operand (the subchannel recipe's E5M2 gradients
+    included) and the same FiLj policy."""
+    bridge = get_recipe(bridge_name)
+    configs = (load_config(ROOT / f"configs/llama3_8b_{short}.yaml"),
+               api.llama3_8b_low_precision_pretrain_config(bridge_name, mock=True))
+    for config in configs:
+        recipe = resolve(config, check_files=False).phases[0].recipe
+        assert (recipe.operand_specs(), recipe.policy) == (bridge.operand_specs(), bridge.policy)
 
 
 def test_overrides_are_typed_and_nested():

@@ -26,6 +26,7 @@ RECIPES = {
     "fp8_cs": lp.get_recipe("fp8_cs"),
     "fp8_cs_e4m3": lp.get_recipe("fp8_cs", fp8_format="E4M3"),
     "fp8_block": lp.get_recipe("fp8_block"),
+    "fp8_block_hybrid": lp.get_recipe("bf16_with_fp8_subchannel_scaling_mixed"),  # E5M2 gradients
     "mxfp8": lp.get_recipe("mxfp8"),
     "mxfp8_floor": lp.get_recipe("mxfp8", scale_rule="floor"),
     "nvfp4": lp.get_recipe("nvfp4"),  # stochastic rounding on
@@ -42,6 +43,10 @@ CASES = [(n, s) for n in RECIPES for s in SHAPES] + [("fp8_block", ((3, 70, 300)
 NATIVE_TYPES = {
     "fp8_cs": [("f8E4M3FN", "f8E4M3FN"), ("f8E5M2", "f8E4M3FN"), ("f8E4M3FN", "f8E5M2")],
     "fp8_block": [("f8E4M3FN", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU")] * 3,  # run as MXFP8
+    # fprop in E4M3; dgrad (dy W^T) and wgrad (x^T dy) with dy's E5M2
+    "bf16_with_fp8_subchannel_scaling_mixed": [("f8E4M3FN", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU"),
+                                               ("f8E5M2", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU"),
+                                               ("f8E4M3FN", "f8E5M2", "f8E8M0FNU", "f8E8M0FNU")],
     "mxfp8": [("f8E4M3FN", "f8E4M3FN", "f8E8M0FNU", "f8E8M0FNU")] * 3,
     "nvfp4": [("f4E2M1FN", "f4E2M1FN", "f8E4M3FN", "f8E4M3FN")] * 3,
 }
@@ -120,7 +125,8 @@ def _linear_step(recipe, platform):
         lowering_platforms=(platform,)).as_text()
 
 
-@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", ["fp8_cs", "fp8_block", "bf16_with_fp8_subchannel_scaling_mixed", "mxfp8",
+                                  "nvfp4"])
 def test_linear_lowered_for_cuda_holds_three_native_gemms(name):
     gemms = lowered_gemms(_linear_step(name, "cuda"))
     found = fp8_dots(gemms) if name == "fp8_cs" else block_scaled_dots(gemms)

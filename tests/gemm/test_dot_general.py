@@ -13,6 +13,7 @@ import pytest
 
 import lp_jax as lp
 from lp_jax import context
+from tests.support import numpy_reference as ref
 
 M, K, N = 64, 96, 80
 DIMS = (((1,), (0,)), ((), ()))
@@ -62,6 +63,7 @@ NO_SR = {
     "fp8_cs": lp.get_recipe("fp8_cs"),
     "fp8_cs_e4m3": lp.get_recipe("fp8_cs", fp8_format="E4M3"),
     "fp8_block": lp.get_recipe("fp8_block"),
+    "fp8_block_hybrid": lp.get_recipe("bf16_with_fp8_subchannel_scaling_mixed"),
     "mxfp8": lp.get_recipe("mxfp8"),
     "mxfp8_floor": lp.get_recipe("mxfp8", scale_rule="floor"),
     "nvfp4_no_sr": lp.get_recipe("nvfp4", disable_stochastic_rounding=True),
@@ -90,6 +92,25 @@ def test_fprop_dgrad_wgrad_equal_dequantized_reference(name):
     assert _rel(y, y_ref) <= 1e-6
     assert _rel(dx, dx_ref) <= 1e-6
     assert _rel(dw, dw_ref) <= 1e-6
+
+
+def test_fp8_block_hybrid_gradients_are_the_numpy_oracles_e5m2_blocks():
+    """Bridge's subchannel recipe (fp8_format HYBRID): dy enters the dgrad and wgrad GEMMs as
+    the NumPy oracle's E5M2 1x128 blocks (along N, along the tokens), x and W as its E4M3
+    ones; with dy's E4M3 blocks instead the gradients are visibly off."""
+    r = NO_SR["fp8_block_hybrid"]
+    x, w, dy = (np.asarray(t) for t in _data())
+    y, dx, dw = _vjp(r, *_data())
+
+    def oracle(t, fmt, axis, block_2d=False):
+        return np.asarray(ref.quantize(t, fmt, axis, block_2d=block_2d).dequantized, np.float64)
+
+    w_tiles = oracle(w, "fp8_block", -1, block_2d=True)
+    assert _rel(y, oracle(x, "fp8_block", 1) @ w_tiles) <= 1e-6
+    for grad, make in ((dx, lambda fmt: oracle(dy, fmt, 1) @ w_tiles.T),
+                       (dw, lambda fmt: oracle(x, "fp8_block", 0).T @ oracle(dy, fmt, 0))):
+        assert _rel(grad, make("fp8_block_e5m2")) <= 1e-6
+        assert _rel(grad, make("fp8_block")) > 1e-3
 
 
 @pytest.mark.slow

@@ -56,6 +56,19 @@ def test_equals_the_dequantized_product_to_fp32_summation_order(m, n, k):
     assert np.abs(got - plain).max() > 1.0
 
 
+@pytest.mark.parametrize("e5m2", ["a", "b"])
+def test_e5m2_operands_mixed_with_e4m3(e5m2):
+    """fp8_format HYBRID's gradients: dy in E5M2 against x or W in E4M3 (WGMMA takes the pair)."""
+    a, sa, b, sb = _operands(100, 200, 300, seed=3)
+    if e5m2 == "a":
+        a = (a.astype(jnp.float32) * 64).astype(jnp.float8_e5m2)
+    else:
+        b = (b.astype(jnp.float32) * 64).astype(jnp.float8_e5m2)
+    got = np.asarray(jax.jit(fp8_block_gemm)(a, sa, b, sb))
+    A, B = _dequantized(a, sa), _dequantized(b, sb)
+    assert (np.abs(got - A @ B.T) / (np.abs(A) @ np.abs(B).T)).max() <= 2e-7
+
+
 def test_the_smallest_scale_is_not_flushed():
     """2^-127, the least scale FP8 block scaling makes (an FP32 subnormal), against 2^30:
     partial x 2^-127 x 2^30 is a normal number, so a flushed subnormal would show. Operands
@@ -78,18 +91,19 @@ def test_zero_blocks_give_zeros():
 
 def test_bad_operands_are_one_line():
     a, sa, b, sb = _operands(64, 128, 256)
-    with pytest.raises(ValueError, match="E4M3 operands"):
+    with pytest.raises(ValueError, match="E4M3 or E5M2 operands"):
         fp8_block_gemm(a.astype(jnp.bfloat16), sa, b, sb)
     with pytest.raises(ValueError, match="one scale per row per 128"):
         fp8_block_gemm(a, sa[:, :1], b, sb)
 
 
-def test_dot_general_on_the_wgmma_backend_equals_the_reference():
+@pytest.mark.parametrize("name", ["fp8_block", "bf16_with_fp8_subchannel_scaling_mixed"])
+def test_dot_general_on_the_wgmma_backend_equals_the_reference(name):
     """fprop (1x128 x 128x128), dgrad (1x128 x 128x128) and wgrad (1x128 x 1x128) of a Linear
-    with every edge ragged, FP32 activations."""
+    with every edge ragged, FP32 activations; Bridge's recipe with E5M2 gradients too."""
     args = inputs((3, 70, 300), 136)
-    ref = jax.jit(linear_vjp_fn(lp.get_recipe("fp8_block", backend="reference")))(*args)
-    recipe = lp.get_recipe("fp8_block", backend="wgmma")
+    ref = jax.jit(linear_vjp_fn(lp.get_recipe(name, backend="reference")))(*args)
+    recipe = lp.get_recipe(name, backend="wgmma")
     got = jax.jit(linear_vjp_fn(recipe))(*args)
     for r, g, what in zip(ref, got, ("y", "dx", "dW")):
         assert g.dtype == r.dtype and g.shape == r.shape
@@ -123,10 +137,11 @@ def _lowered_for_cuda(recipe, capability):
         return jax.jit(linear_vjp_fn(recipe)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def test_lowered_for_hopper_auto_runs_three_mosaic_gpu_kernels():
-    text = _lowered_for_cuda(lp.get_recipe("fp8_block"), (9, 0))
+@pytest.mark.parametrize("name", ["fp8_block", "bf16_with_fp8_subchannel_scaling_mixed"])
+def test_lowered_for_hopper_auto_runs_three_mosaic_gpu_kernels(name):
+    text = _lowered_for_cuda(lp.get_recipe(name), (9, 0))
     assert text.count("mosaic_gpu") >= 3 and "block_scaled_dot" not in text
-    blackwell = _lowered_for_cuda(lp.get_recipe("fp8_block"), (10, 0))
+    blackwell = _lowered_for_cuda(lp.get_recipe(name), (10, 0))
     assert "mosaic_gpu" not in blackwell and "block_scaled_dot" in blackwell
 
 

@@ -13,9 +13,9 @@ from tests.support import quantize_checks as qc
 F32 = np.float32
 
 
-def _checked(x, axis=-1, **kw):
+def _checked(x, axis=-1, fmt="fp8_block", **kw):
     """(the jitted QuantizedTensor, the oracle's) once eager and jit both match the oracle."""
-    out, r = qc.check_eager_and_jit(lp, x, "fp8_block", axis, **kw)
+    out, r = qc.check_eager_and_jit(lp, x, fmt, axis, **kw)
     return out[-1][1], r
 
 
@@ -87,6 +87,38 @@ def test_zero_nan_inf_and_negative_zero_blocks():
     assert inv[1, 0] == r.scale[1, 0] and 224 < finite.max() / inv[1, 0] <= 448  # the rest's amax
     assert inv[2, 0] == 1 and codes[2, 7] == 0x7E and codes[3, 9] == 0xFE  # +-448
     assert inv[4, 0] == 1 and (codes[4, :128] == 0x80).all()  # -0 stays -0
+
+
+@pytest.mark.parametrize("shape, axis, block_2d", [((4, 300), -1, False), ((300, 5), 0, False),
+                                                   ((130, 300), -1, True)])
+def test_e5m2_blocks_match_the_oracle(shape, axis, block_2d):
+    """fp8_block_e5m2 (the gradients of fp8_format HYBRID): the same blocks and power-of-two
+    scales from 57344 / amax, so the block's largest magnitude lands in (28672, 57344]."""
+    x = _wide_range(shape, 6)
+    q, _ = _checked(x, axis, "fp8_block_e5m2", block_2d=block_2d)
+    assert q.data.dtype == jnp.float8_e5m2 and q.fmt == "fp8_block_e5m2"
+    _checked(x.astype(ml_dtypes.bfloat16), axis, "fp8_block_e5m2", block_2d=block_2d)
+    if not block_2d:
+        inv = np.moveaxis(np.asarray(q.scale), axis, -1)
+        blocks = np.abs(np.moveaxis(x, axis, -1))
+        amax = np.stack([blocks[..., i:i + 128].max(-1) for i in range(0, blocks.shape[-1], 128)], -1)
+        assert ((amax / inv > 28672) & (amax / inv <= 57344)).all()
+
+
+def test_e5m2_zero_nan_inf_and_subnormal_blocks():
+    x = np.random.default_rng(5).standard_normal((4, 256)).astype(F32)
+    x[0, :128] = 0
+    x[1, 3] = np.nan
+    x[2, 7], x[2, 200] = np.inf, -np.inf  # saturate to +-57344 with scale 1
+    x[3, :128] = 0
+    x[3, :4] = [1e-39, -2e-39, 5e-40, 1e-45]  # a subnormal block: scale 2^127
+    q, _ = _checked(x, fmt="fp8_block_e5m2")
+    codes, inv = qc.codes(q.data), np.asarray(q.scale)
+    assert inv[0, 0] == 1 and not codes[0, :128].any()
+    assert np.isnan(np.asarray(q.data.astype(jnp.float32))[1, 3])
+    assert inv[2, 0] == inv[2, 1] == 1 and codes[2, 7] == 0x7B and codes[2, 200] == 0xFB  # +-57344
+    # 2^-149 x 2^127 = 2^-22 is below E5M2's smallest subnormal, 2^-16; the others are not
+    assert inv.view(np.uint32)[3, 0] == 0x00400000 and codes[3, :3].all() and codes[3, 3] == 0
 
 
 def test_subnormal_blocks_are_not_flushed():

@@ -72,6 +72,27 @@ def test_non_finite_inputs_match_the_oracle():
         _check(y, block_2d=True)
 
 
+@pytest.mark.parametrize("metric", ["mae", "mse"])
+@pytest.mark.parametrize("magnitude", [1e-36, 1e-38, 3e-39, 1e-40])
+def test_tiny_and_subnormal_tensors_match_the_oracle(magnitude, metric):
+    """Tensors near and below FLT_MIN (their amax, S_dec, encode factors and reconstruction
+    errors are float32 subnormals or products of them), and subnormal elements beside normal
+    ones: the choice, codes and decoded values are the oracle's on CPU too, where XLA
+    flushes subnormals (the products and sums keep them: numerics.gradual_underflow)."""
+    rng = np.random.default_rng(6)
+    tiny = (rng.standard_normal((32, 48)) * magnitude).astype(F32)
+    assert qc.subnormal(tiny).any()
+    mixed = _inputs((32, 48), 6)["spiky"]
+    mixed[rng.random(mixed.shape) < 0.3] *= F32(magnitude)
+    for x in (tiny, mixed):
+        _check(x, metric=metric)
+        _check(x, axis=0, metric=metric)
+        _check(x, block_2d=True, metric=metric)
+    if magnitude in (1e-38, 3e-39):  # decoded values below FLT_MIN, not all of them zero
+        _, r = _check(tiny, metric=metric)
+        assert np.any(qc.subnormal(r.dequantized))
+
+
 def test_the_choice_is_not_vacuous_and_the_metrics_differ():
     """Both candidates win somewhere; "4" blocks carry the 1.5x larger scale; MAE and MSE
     choose differently on some blocks; the error of what is chosen is never larger than

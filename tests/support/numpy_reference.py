@@ -209,40 +209,46 @@ def _nan_ignoring_amax(a: np.ndarray, axis) -> np.ndarray:
     return np.max(np.where(np.isnan(a), F32(0), np.abs(a)), axis=axis).astype(np.float32)
 
 
-def fp8_block_scale(amax) -> np.ndarray:
-    """[FP8 block scaling] scale = 448 / amax (FP32, nearest); 1 for amax 0, inf or NaN; an
+def fp8_block_scale(amax, fmax: float = 448.0) -> np.ndarray:
+    """[FP8 block scaling] scale = fmax / amax (FP32, nearest; fmax 448 for E4M3, 57344 for
+    E5M2); 1 for amax 0, inf or NaN; an
     overflowing quotient takes the input dtype's largest finite value (FLT_MAX for float32,
     0x1.FEp127 for bfloat16: both keep exponent 127 below, so one value serves); then only
     the sign and exponent bits are kept (a power of two, rounded down)."""
     amax = np.asarray(amax, np.float32)
     with np.errstate(**_ERRSTATE):
-        scale = F32(448) / amax
+        scale = F32(fmax) / amax
     scale = np.where(np.isinf(scale), F32(FLT_MAX), scale)
     scale = np.where((amax == 0) | ~np.isfinite(amax), F32(1), scale).astype(np.float32)
     return (scale.view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)
 
 
-def quantize_fp8_block(x, axis: int = -1, block_2d: bool = False) -> RefQuantized:
+def quantize_fp8_block(x, axis: int = -1, block_2d: bool = False,
+                       element: casts.ElementFormat = E4M3) -> RefQuantized:
     """[FP8 block scaling] 1x128 blocks along `axis`, or 128x128 tiles over the last two axes;
-    every element E4M3; per block scale_inv = 1 / scale (FP32); ragged edges zero-filled."""
+    every element E4M3 (fp8_block) or E5M2 (fp8_block_e5m2); per block scale_inv = 1 / scale
+    (FP32); ragged edges zero-filled."""
     t = _as_f32(x)
+    fmax = element.max_value
     if block_2d:
-        scale_b = fp8_block_scale(_nan_ignoring_amax(_tiles(t, FP8_BLOCK), axis=(-3, -1)))
+        scale_b = fp8_block_scale(_nan_ignoring_amax(_tiles(t, FP8_BLOCK), axis=(-3, -1)), fmax)
         scale = _tiles_per_element(scale_b, t.shape, FP8_BLOCK)
     else:
-        scale_b = fp8_block_scale(_nan_ignoring_amax(_blocks(t, axis, FP8_BLOCK), axis=-1))
+        scale_b = fp8_block_scale(_nan_ignoring_amax(_blocks(t, axis, FP8_BLOCK), axis=-1), fmax)
         scale = _per_element(scale_b, t.shape, axis, FP8_BLOCK)
     with np.errstate(**_ERRSTATE):
         # cast: x * scale (an exact FP32 product: scale is a power of two, and NumPy keeps
-        # subnormal inputs), nearest even, saturating to +-448; NaN -> 0x7F whatever its sign
-        data = cast_satfinite(t * scale, E4M3)
+        # subnormal inputs), nearest even, saturating to +-fmax; NaN -> 0x7F (a NaN in
+        # either element format) whatever its sign
+        data = cast_satfinite(t * scale, element)
         data = np.where(np.isnan(t), np.uint8(0x7F), data).astype(np.uint8)
         inv_b = (F32(1) / scale_b).astype(np.float32)
         inv = (F32(1) / scale).astype(np.float32)
-        deq = (decode(data, E4M3) * inv).astype(np.float32)  # code x scale_inv
+        deq = (decode(data, element) * inv).astype(np.float32)  # code x scale_inv
     if not block_2d:
         inv_b = np.moveaxis(inv_b, -1, axis % t.ndim)
-    return RefQuantized("fp8_block", data, np.ones(t.shape, bool), inv_b, inv_b, None, deq)
+    name = "fp8_block" if element is E4M3 else "fp8_block_e5m2"
+    return RefQuantized(name, data, np.ones(t.shape, bool), inv_b, inv_b, None, deq)
 
 
 def quantize(x, fmt: str, axis: int = -1, *, block_2d: bool = False,
@@ -257,6 +263,8 @@ def quantize(x, fmt: str, axis: int = -1, *, block_2d: bool = False,
         return quantize_nvfp4(x, axis, block_2d)
     if fmt == "fp8_block":
         return quantize_fp8_block(x, axis, block_2d)
+    if fmt == "fp8_block_e5m2":
+        return quantize_fp8_block(x, axis, block_2d, E5M2)
     raise ValueError(f"unknown fmt {fmt!r}")
 
 
