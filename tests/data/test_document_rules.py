@@ -157,6 +157,7 @@ def _losses(source, steps):
     return losses
 
 
+@pytest.mark.slow
 def test_megatron_mock_is_learnable_where_uniform_tokens_are_not():
     # The toy LM reads one token (and its position): enough to learn "the next id is one more".
     # 64 tokens a row (the toy takes any length): 3.2M rows for Megatron's shuffle, not 25M.

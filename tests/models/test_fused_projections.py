@@ -71,6 +71,7 @@ def test_fused_model_gives_the_separate_models_bf16_forward_bit_for_bit():
         np.testing.assert_array_equal(fp.value_at(p, flat, CFG), v[...])
 
 
+@pytest.mark.slow
 def test_fp8_cs_fused_gemm_takes_the_fused_tensors_scale():
     """In FP8 current scaling the fused qkv GEMM is lp.dot_general on the joined weight: one
     weight scale, the fused tensor's. With k holding the largest weight, k's columns equal

@@ -30,6 +30,7 @@ def _python_block(heading: str) -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_plain_jax_example_runs(capsys):
     exec(compile(_python_block("## Plain JAX"), "docs/your_model.md", "exec"), {})
     assert "'up': (dtype('float32'), (128, 256))" in capsys.readouterr().out
@@ -57,6 +58,7 @@ def _bridge_module(tmp_path, name="linen_lm"):
         sys.path.remove(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_bridge_runs_what_apply_recipe_linen_runs(tmp_path):
     mod = _bridge_module(tmp_path, "linen_lm_same")
     cfg = model_config.preset("tiny", num_layers=4)

@@ -140,6 +140,7 @@ def test_local_scope_gemms_are_the_reference_with_each_ranks_scales():
 
 @pytest.mark.parametrize("name, scope, same", [("fp8_cs", "local", False), ("fp8_cs", "global", True),
                                                ("mxfp8", "local", True)])
+@pytest.mark.slow
 def test_which_gemm_results_depend_on_the_data_layout(name, scope, same):
     """Split over 2 data ranks against one device: FP8-CS's y and dx differ under local (x's
     and dy's scales are the rank's) and are one device's bits under global; MXFP8 has no

@@ -60,6 +60,7 @@ def _config(run_dir, token_cache, *overrides):
     return tiny(run_dir, token_cache, "steps=4", "model.num_layers=1", "data.source=mock", *overrides)
 
 
+@pytest.mark.slow
 def test_resume_joins_a_separate_checkpoint(tmp_path, token_cache, capsys):
     saved = _write_checkpoint(_config(tmp_path, token_cache), 2)
     fused = _config(tmp_path, token_cache, FUSED)

@@ -98,6 +98,7 @@ def test_each_linen_gemm_is_lp_dot_general_bit_for_bit(name):
         assert list(report.quantized) == [""] or list(report.quantized) == [module.name or ""], report
 
 
+@pytest.mark.slow
 def test_layer_policy_lands_on_the_right_blocks_and_the_tree_is_the_models():
     model = GPT()
     params = model.init(jax.random.key(1), TOKENS)

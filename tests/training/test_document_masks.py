@@ -77,6 +77,7 @@ def summed_nll(logits, targets, mask):
     return float(((log_z - picked) * mask).sum()), float(mask.sum())
 
 
+@pytest.mark.slow
 def test_per_document_and_plain_causal_losses_by_hand():
     targets = ROW[1:]
     # Per document: each document alone, from position 0; the target that opens the
