@@ -228,10 +228,9 @@ def _quantized_class(base: type, settings: LinenSettings) -> type:
                              "outermost module instead")
         return base.__call__(self, *args, **kwargs)
 
-    namespace = {"apply": apply, "init_with_output": init_with_output, "_lp_settings": settings,
-                 "_lp_plans": {}, "_lp_report": None, "_lp_base": base, "__module__": base.__module__}
-    if "__call__" in dir(base):
-        namespace["__call__"] = __call__
+    namespace = {"apply": apply, "init_with_output": init_with_output, "__call__": __call__,
+                 "_lp_settings": settings, "_lp_plans": {}, "_lp_report": None, "_lp_base": base,
+                 "__module__": base.__module__}
     cls = type(f"LowPrecision{base.__name__}", (base,), namespace)
     _CLASSES[key] = cls
     return cls

@@ -129,13 +129,13 @@ def _apply_to_bridged(model, bridges, recipe: Recipe, include, exclude, layers, 
     from lp_jax.surgery.linen import apply_recipe_linen
 
     report = SwapReport(type(recipe).__name__, recipe.policy, num_layers or 0)
-    swapped = {"/".join(map(str, path)): apply_recipe_linen(node.to_nnx__module, recipe, include, exclude, layers,
-                                                           num_layers, fp32_weight_gradients)
-               for path, node in bridges}
+    # Every Linen model is swapped first, so a refusal leaves the NNX model as it was.
+    swapped = [(path, node, apply_recipe_linen(node.to_nnx__module, recipe, include, exclude, layers,
+                                               num_layers, fp32_weight_gradients)) for path, node in bridges]
+    for path, node, linen in swapped:
+        node.to_nnx__module = linen
+        report.bridged["/".join(map(str, path))] = linen
     bf16 = BF16(backend=recipe.backend)
-    for path, node in bridges:
-        node.to_nnx__module = swapped["/".join(map(str, path))]
-    report.bridged = swapped
     for _, path, module, kind in gemm_modules(model):
         reset(module, kind)
         report.not_selected.append(path)
