@@ -333,6 +333,7 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
                        str(pathlib.Path(cfg.run_dir)))
     for step in range(r.start + 1, end + 1):
         values = _train_one_step(r, step)
+        stop.check()
         if r.val_data is not None and _validation_due(cfg, step):
             values["val_loss"], stderr = _validate(r)
             result.val_loss = values["val_loss"]
@@ -344,6 +345,7 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         # A signal to any process stops all of them after the same step.
         if stop.agree(folder_lost=r.lock is not None and r.lock.lost()):
             raise RunFolderLostError(cfg.run_dir)
+        stop.check()  # never save once a second signal came
         if stop.received or step == end or step % cfg.checkpoint.every == 0:
             _save(r, step)
         if stop.received:

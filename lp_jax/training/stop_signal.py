@@ -2,7 +2,11 @@
 then saved), the second interrupts it at once.
 
 The first sets a flag the loop reads after each step. The second raises ``Interrupted`` in
-the main thread, which the command line reports in one line. Python runs a signal's
+the main thread, which the command line reports in one line. Python prints and drops an
+exception raised while a garbage-collector callback or a finalizer runs (JAX registers a
+gc callback), so the handler does not raise there: it marks the run interrupted, and the
+loop raises at its next check (``check()``, after each step, before any save) or, at the
+latest, when the run closes. Python runs a signal's
 handler only between bytecodes of the main thread, so one that arrives while the main
 thread waits inside a long native call (a step on the device, Orbax finishing a save)
 would wait with it. The signal's number is therefore also written to a pipe at the moment
@@ -14,6 +18,7 @@ tracebacks.
 """
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -51,6 +56,7 @@ class StopSignal:
         self._pipe = None
         self._previous_fd = -1
         self._watcher: threading.Thread | None = None
+        self._second = ""  # the second signal's name
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
@@ -85,6 +91,12 @@ class StopSignal:
                  "resume" if step else "no checkpoint was written")
         return f"interrupted by a second {name}: stopped at once, without saving; {saved}"
 
+    def check(self) -> None:
+        """Raises ``Interrupted`` when a second signal came but could not raise (it arrived
+        in a finalizer); the loop calls this after each step and before any save."""
+        if self.interrupted:
+            raise Interrupted(self.message(self._second), self.say_once)
+
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.interrupted:
@@ -92,8 +104,9 @@ class StopSignal:
         if self.received is None:
             self.received = name
             return
-        self.interrupted = True
-        raise Interrupted(self.message(name), self.say_once)
+        self.interrupted, self._second = True, name
+        if not _in_finalizer(frame):
+            raise Interrupted(self.message(name), self.say_once)
 
     def _watch(self) -> None:
         read_fd, count = self._pipe[0], 0
@@ -113,7 +126,7 @@ class StopSignal:
         if self._said.acquire(blocking=False):
             print(f"train.py: {message}", file=sys.stderr, flush=True)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self._done.set()
         if self._pipe is not None:
             signal.set_wakeup_fd(self._previous_fd)
@@ -122,8 +135,25 @@ class StopSignal:
             # last reference to device arrays (its target holds this object, whose
             # last_checkpoint holds the run) aborts the process as JAX frees them.
             self._watcher.join(timeout=GRACE_S)
+        # A second signal that arrived in a finalizer after the last check still ends the
+        # run as interrupted.
+        late = (Interrupted(self.message(self._second), self.say_once)
+                if self.interrupted and exc_type is None else None)
         self.last_checkpoint = lambda: 0
         for sig, handler in self._previous.items():
             # Once a run was told to stop, its process is on its way out: a signal more
             # would only interrupt the exit with a traceback.
             signal.signal(sig, signal.SIG_IGN if self.received else handler)
+        if late is not None:
+            raise late
+
+
+def _in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a gc callback or a ``__del__``: Python would print an
+    exception raised there ("Exception ignored in ...") and carry on."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False

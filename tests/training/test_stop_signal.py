@@ -1,0 +1,52 @@
+"""The second signal's interruption is never lost: Python prints and drops an exception
+raised while a gc callback runs (JAX registers one), so the handler marks the run and the
+loop raises at its next check, or the run raises when it closes."""
+import gc
+import os
+import signal
+
+import pytest
+
+from lp_jax.training.stop_signal import Interrupted, StopSignal
+
+
+def _second_signal_inside_a_gc_callback():
+    def callback(phase, info):
+        if phase == "start":
+            os.kill(os.getpid(), signal.SIGINT)  # handled at the callback's next bytecode
+            for _ in range(1000):  # bytecodes for the handler to run on
+                pass
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def test_a_second_signal_inside_a_gc_callback_raises_at_the_next_check(capfd):
+    with pytest.raises(Interrupted, match="interrupted by a second SIGINT"):
+        with StopSignal() as stop:
+            stop.received = "SIGINT"  # the first signal
+            _second_signal_inside_a_gc_callback()
+            assert stop.interrupted
+            stop.check()
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_a_second_signal_inside_a_gc_callback_after_the_last_check_raises_on_close(capfd):
+    with pytest.raises(Interrupted, match="no checkpoint was written"):
+        with StopSignal() as stop:
+            stop.received = "SIGINT"
+            _second_signal_inside_a_gc_callback()
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_a_second_signal_in_plain_code_raises_where_it_lands():
+    with pytest.raises(Interrupted):
+        with StopSignal() as stop:
+            stop.received = "SIGINT"
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+            pytest.fail("the handler did not raise")
