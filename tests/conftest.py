@@ -59,6 +59,20 @@ SLOW_CASES = {
     "tests/surgery/test_third_party_models.py::test_hugging_face_linen_models_every_gemm_bit_for_bit[nvfp4-gpt2]",
     "tests/surgery/test_third_party_models.py::test_maxtext_nnx_dense_general_forward_and_backward_bit_for_bit[bf16]",
     "tests/surgery/test_third_party_models.py::test_maxtext_nnx_dense_general_forward_and_backward_bit_for_bit[fp8_cs]",
+    # Moved to keep the README's command within 8 minutes on CI's machine (each 7-18 s alone).
+    "tests/kernels/test_pallas_nvfp4.py::test_nvfp4_16x16_tiles_and_non_finite_tensors",
+    "tests/gemm/test_dot_general.py::test_fprop_dgrad_wgrad_equal_dequantized_reference[nvfp4_no_sr_no_rht_1d]",
+    "tests/gemm/test_pallas_dot_general.py::test_fprop_dgrad_wgrad_equal_xla[nvfp4-cudnn]",
+    "tests/bad_input/test_bad_input_cluster.py::test_a_resume_at_another_global_batch_size_reads_the_next_sequences",
+    "tests/study/test_verify.py::test_a_recorded_run_verifies_same_and_an_altered_loss_differs_at_step_1",
+    "tests/models/test_model_registry.py::test_train_py_takes_a_family_by_import_path_from_the_working_directory",
+    "tests/kernels/test_fp8_block_gemm.py::test_dot_general_on_the_wgmma_backend_equals_the_reference[bf16_with_fp8_subchannel_scaling_mixed]",
+    "tests/runs/test_hf_bridge.py::test_init_hf_starts_from_the_export_with_a_fresh_optimizer",
+    "tests/surgery/test_swap.py::test_reapplying_replaces_and_bf16_restores_outputs",
+    "tests/surgery/test_any_nnx_model.py::test_each_selected_gemm_is_lp_dot_general_bit_for_bit[mxfp8]",
+    "tests/surgery/test_any_linen_model.py::test_each_linen_gemm_is_lp_dot_general_bit_for_bit[mxfp8]",
+    "tests/surgery/test_third_party_models.py::test_maxtext_nnx_dense_general_forward_and_backward_bit_for_bit[fp8_block]",
+    "tests/bad_input/test_bad_input_cluster.py::test_a_stale_lock_is_taken_over_with_one_line",
 }
 
 
