@@ -1,0 +1,161 @@
+"""lp.ragged_dot: each group of the grouped GEMM is lp.dot_general on that group's rows.
+
+Forward, dgrad and wgrad, bit for bit, in every recipe: without stochastic rounding against
+the group's rows alone; with it against the group's rows zero-padded to M rows under the
+key fold_in(k, g) (the module docstring says why). Group sizes include 0 and sizes that are
+not a multiple of any block (so a 1x128 block or a 16-row RHT tile would straddle experts
+if the grid were the whole tensor's)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lp_jax as lp
+from lp_jax import context
+
+M, K, N = 200, 256, 96
+SIZES = (37, 0, 100, 63)
+LINEAR = (((1,), (0,)), ((), ()))
+RECIPES = {"bf16": {}, "fp8_cs": {}, "fp8_block": {}, "mxfp8": {},
+           "nvfp4": dict(disable_stochastic_rounding=True), "nvfp4_sr": {}}
+
+
+def _operands(seed=0):
+    kx, kw, kd = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (M, K), jnp.float32).astype(jnp.bfloat16)
+    # Each expert's weights on another scale, so a shared tensor scale would show.
+    w = jax.random.normal(kw, (len(SIZES), K, N), jnp.float32) * jnp.array([0.02, 1.0, 0.3, 5.0])[:, None, None]
+    dy = jax.random.normal(kd, (M, N), jnp.float32).astype(jnp.bfloat16)
+    return x, w, dy
+
+
+def _recipe(name):
+    return lp.get_recipe(name.removesuffix("_sr"), **RECIPES[name])
+
+
+def _grouped(recipe, x, w, dy, sizes, seed=3):
+    rd = lp.ragged_dot(recipe)
+
+    def f(x, w):
+        with context.rng_scope(jax.random.key(seed)):
+            return rd(x, w, jnp.asarray(sizes, jnp.int32))
+
+    y, vjp = jax.vjp(f, x, w)
+    return (y,) + vjp(dy)
+
+
+def _dense(recipe, x, w, dy, key=None):
+    dg = lp.dot_general(recipe)
+
+    def f(x, w):
+        if key is None:
+            return dg(x, w, LINEAR)
+        with context.rng_scope(key):
+            return dg(x, w, LINEAR)
+
+    y, vjp = jax.vjp(f, x, w)
+    return (y,) + vjp(dy)
+
+
+def _padded(t, start, size):
+    """The group's rows of t, zero-padded to M rows: the window the grouped GEMM runs."""
+    return jnp.zeros((M,) + t.shape[1:], t.dtype).at[:size].set(t[start:start + size])
+
+
+def _starts():
+    return np.concatenate([[0], np.cumsum(SIZES)[:-1]])
+
+
+def _some_slow(names, fast):
+    """The cases the fast suite runs; CI runs the rest with -m slow."""
+    return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+@pytest.mark.parametrize("name", _some_slow(RECIPES, fast=("fp8_cs", "mxfp8", "nvfp4_sr")))
+def test_each_group_is_dot_general_on_its_padded_rows_bit_for_bit(name):
+    """Forward, dgrad and wgrad; with SR under the key fold_in(k, g) of the call's key k."""
+    x, w, dy = _operands()
+    recipe = _recipe(name)
+    y, dx, dw = jax.jit(lambda x, w, dy: _grouped(recipe, x, w, dy, SIZES, seed=5))(x, w, dy)
+    with context.rng_scope(jax.random.key(5)):
+        call_key = context.site_key()  # the grouped call is the scope's first site
+    dense = jax.jit(lambda x, w, dy, k: _dense(recipe, x, w, dy, k))
+    for g, (start, size) in enumerate(zip(_starts(), SIZES)):
+        ry, rdx, rdw = dense(_padded(x, start, size), w[g], _padded(dy, start, size),
+                             jax.random.fold_in(call_key, g))
+        rows = slice(start, start + size)
+        np.testing.assert_array_equal(np.asarray(y[rows], np.float32), np.asarray(ry[:size], np.float32))
+        np.testing.assert_array_equal(np.asarray(dx[rows], np.float32), np.asarray(rdx[:size], np.float32))
+        np.testing.assert_array_equal(np.asarray(dw[g]), np.asarray(rdw))
+        if size == 0:
+            assert not np.any(np.asarray(dw[g])), "an expert with no rows gets a zero gradient"
+    assert dw.dtype == jnp.float32 and y.dtype == jnp.bfloat16
+    if recipe.name == "nvfp4" and not recipe.disable_stochastic_rounding:
+        # The bits differ per group: group 2's rows under group 0's key round otherwise.
+        other = dense(_padded(x, _starts()[2], SIZES[2]), w[2], _padded(dy, _starts()[2], SIZES[2]),
+                      jax.random.fold_in(call_key, 0))[2]
+        assert np.any(np.asarray(other) != np.asarray(dw[2]))
+
+
+@pytest.mark.parametrize("fmt, axis, rht", [
+    ("fp8_e4m3", 0, False), ("fp8_block", 0, False), ("nvfp4", 0, True),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("fp8_block", 1, False), ("mxfp8", 0, False), ("mxfp8", 1, False), ("nvfp4", 0, False),
+        ("nvfp4", 1, False)])])
+def test_padding_a_groups_rows_changes_no_quantized_value(fmt, axis, rht):
+    """Why the window is the group's own: a group of 63 rows padded with zeros to 200 rows
+    quantizes to the same values (tensor scales, blocks along the rows starting at its first
+    row, 16-row RHT tiles), so no block holds two experts' rows."""
+    x = _operands()[0][:, :96] * 7.0
+    alone, padded = x[37:100], _padded(x, 37, 63)
+
+    def values(t):
+        if rht:
+            t = lp.hadamard(jnp.pad(t, ((0, -t.shape[0] % 16), (0, 0))), axis=0)
+        return np.asarray(lp.dequantize(lp.quantize(t, fmt, axis=axis)))[:63]
+
+    np.testing.assert_array_equal(values(padded), values(alone))
+    assert not np.array_equal(values(alone), values(x)[37:100]), "the whole tensor's grid would differ"
+
+
+@pytest.mark.parametrize("name", _some_slow([n for n in RECIPES if n != "nvfp4_sr"], fast=("bf16", "fp8_cs")))
+def test_without_sr_each_group_is_dot_general_on_its_rows_alone(name):
+    """Outputs and dgrad bit for bit; the wgrad, which sums over the group's rows, up to the
+    order of XLA:CPU's FP32 sums (a GEMM over 63 rows and one over 200 rows, 137 of them zero,
+    may add in another order)."""
+    x, w, dy = _operands()
+    recipe = _recipe(name)
+    y, dx, dw = jax.jit(lambda x, w, dy: _grouped(recipe, x, w, dy, SIZES))(x, w, dy)
+    dense = jax.jit(lambda x, w, dy: _dense(recipe, x, w, dy))
+    for g, (start, size) in enumerate(zip(_starts(), SIZES)):
+        if size == 0:
+            continue
+        rows = slice(start, start + size)
+        ry, rdx, rdw = dense(x[rows], w[g], dy[rows])
+        np.testing.assert_array_equal(np.asarray(y[rows], np.float32), np.asarray(ry, np.float32))
+        np.testing.assert_array_equal(np.asarray(dx[rows], np.float32), np.asarray(rdx, np.float32))
+        np.testing.assert_allclose(np.asarray(dw[g]), np.asarray(rdw), rtol=1e-6, atol=1e-6 * float(np.abs(rdw).max()))
+
+
+def test_bf16_matches_lax_ragged_dot_to_rounding():
+    x, w, _ = _operands()
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    ours = lp.ragged_dot("bf16")(x, w, sizes, preferred_element_type=jnp.float32)
+    ref = jax.lax.ragged_dot(x, w.astype(jnp.bfloat16), sizes, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(sizes=(37, 0, 100, 60)), "sum to the 200 rows"),
+    (dict(sizes=(37, 0, 100)), r"group_sizes of shape \(4,\)"),
+    (dict(sizes=(237, -37, 0, 0)), "non-negative"),
+    (dict(w_shape=(4, 128, N)), r"lhs \[M, K\] and rhs \[G, K, N\]"),
+    (dict(offset=True), "group_offset"),
+])
+def test_bad_calls_raise_one_line(args, message):
+    x, w, _ = _operands()
+    w = jnp.zeros(args.get("w_shape", w.shape), w.dtype)
+    sizes = jnp.asarray(args.get("sizes", SIZES), jnp.int32)
+    with pytest.raises(ValueError, match=message) as e:
+        lp.ragged_dot("mxfp8")(x, w, sizes, group_offset=jnp.zeros(1, jnp.int32) if args.get("offset") else None)
+    assert "\n" not in str(e.value)
