@@ -1,0 +1,59 @@
+"""Writes bench/records/plan-8b-gb200-step.json from the plan's JSON of each shipped 8B config.
+
+    for r in bf16 fp8_cs mxfp8 nvfp4; do
+      python -m lp_jax.plan --config configs/llama3_8b_$r.yaml --gpu gb200 --gpus 8 \\
+        --recipes $r data.source=mock model.vocab_size=128256 --json OUT/$r.json
+    done
+    python -m bench.plan_step_record OUT
+
+Run it in the environment that compiled (the record stamps its JAX version). Each recipe is
+its own compile, so "x BF16" is taken here: the estimated tokens per second over BF16's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import yaml
+
+from bench.results.writer import ROOT, write_record
+
+RECIPES = ("bf16", "fp8_cs", "mxfp8", "nvfp4")
+# Megatron Bridge's published GB200 throughput over its BF16 run (docs/bridge_parity.md).
+BRIDGE_X_BF16 = {"bf16": "1.00", "fp8_cs": "1.33", "mxfp8": "1.32", "nvfp4": "1.59"}
+COMMAND = ("python -m lp_jax.plan --config configs/llama3_8b_{recipe}.yaml --gpu gb200 --gpus 8 "
+           "--recipes {recipe} data.source=mock model.vocab_size=128256")
+
+
+def rows(folder: pathlib.Path) -> list[list[str]]:
+    plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES}
+    bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
+    out = []
+    for recipe, row in plans.items():
+        config = yaml.safe_load((ROOT / f"configs/llama3_8b_{recipe}.yaml").read_text())
+        memory, estimate = row["memory"], row["estimate"]
+        out.append([recipe, f"{config['data']['micro_batch_size']}, {config['model']['remat']}",
+                    f"{memory['per_gpu_bytes'] / 1e9:.1f}",
+                    f"{1 - memory['per_gpu_bytes'] / memory['capacity_bytes']:.0%}",
+                    f"{row['hbm_bytes'] / 1e12:.1f}", f"{estimate['tflops_per_gpu']:.0f}",
+                    f"{estimate['tokens_per_s'] / bf16_tokens:.2f}", BRIDGE_X_BF16[recipe]])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=pathlib.Path, help="where the plan wrote <recipe>.json")
+    args = parser.parse_args()
+    path = write_record(
+        "plan-8b-gb200-step", "Llama 3 8B, sequence 8192, the shipped configs on 8 GB200s", COMMAND,
+        ["recipe", "micro-batch, remat", "GB per GPU (of 186)", "free", "HBM TB per step",
+         "TFLOP/s per GPU", "x BF16", "Bridge x BF16 (measured)"],
+        rows(args.folder), "deviceless compile for 8 GB200s on a 2-core CPU machine", estimate=True,
+        estimate_columns=["TFLOP/s per GPU", "x BF16"],
+        note="Fused QKV and gate/up, per-rank amaxes and each config's param_gather, as shipped.")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
