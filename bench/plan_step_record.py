@@ -1,10 +1,16 @@
-"""Writes bench/records/plan-8b-gb200-step.json from the plan's JSON of each shipped 8B config.
+"""Writes bench/records/plan-8b-{gb200,h200}-step.json from the plan's JSON of each shipped
+8B config.
 
     for r in bf16 fp8_cs mxfp8 nvfp4; do
       python -m lp_jax.plan --config configs/llama3_8b_$r.yaml --gpu gb200 --gpus 8 \\
-        --recipes $r data.source=mock model.vocab_size=128256 --json OUT/$r.json
+        --recipes $r --json OUT/$r.json data.source=mock model.vocab_size=128256
     done
     python -m bench.plan_step_record OUT
+
+    # H200: each config at micro-batch 2 with remat=mlp (OUT/<recipe>-2-mlp.json), and BF16
+    # at 1 with remat=elementwise (OUT/bf16-1-elementwise.json): --gpu h200 and
+    # data.micro_batch_size=MB model.remat=POLICY on the same command
+    python -m bench.plan_step_record OUT --gpu h200
 
 Run it in the environment that compiled (the record stamps its JAX version). Each recipe is
 its own compile, so "x BF16" is taken here: the estimated tokens per second over BF16's.
@@ -41,10 +47,32 @@ def rows(folder: pathlib.Path) -> list[list[str]]:
     return out
 
 
+H200_RUNS = ("bf16-2-mlp", "bf16-1-elementwise", "fp8_cs-2-mlp", "mxfp8-2-mlp", "nvfp4-2-mlp")
+
+
+def h200_rows(folder: pathlib.Path) -> list[list[str]]:
+    plans = {run: json.loads((folder / f"{run}.json").read_text())["rows"][0] for run in H200_RUNS}
+    bf16_tokens = plans["bf16-2-mlp"]["estimate"]["tokens_per_s"]
+    return [[row["recipe"], ", ".join(run.split("-")[1:]), f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
+             f"{row['estimate']['tflops_per_gpu']:.0f}", f"{row['estimate']['tokens_per_s'] / bf16_tokens:.2f}"]
+            for run, row in plans.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=pathlib.Path, help="where the plan wrote <recipe>.json")
+    parser.add_argument("folder", type=pathlib.Path, help="where the plan wrote its JSON files")
+    parser.add_argument("--gpu", choices=("gb200", "h200"), default="gb200")
     args = parser.parse_args()
+    if args.gpu == "h200":
+        path = write_record(
+            "plan-8b-h200-step", "Llama 3 8B, sequence 8192, the shipped configs on 8 H200s",
+            COMMAND.replace("gb200", "h200") + " data.micro_batch_size=MB model.remat=POLICY",
+            ["recipe", "micro-batch, remat", "GB per GPU (of 141)", "TFLOP/s per GPU", "x BF16"],
+            h200_rows(args.folder), "deviceless compile for 8 H200s on a 2-core CPU machine", estimate=True,
+            estimate_columns=["TFLOP/s per GPU", "x BF16"],
+            note="Ratios are to BF16 at 2, mlp; each recipe's own config, as shipped.")
+        print(f"wrote {path.relative_to(ROOT)}")
+        return
     path = write_record(
         "plan-8b-gb200-step", "Llama 3 8B, sequence 8192, the shipped configs on 8 GB200s", COMMAND,
         ["recipe", "micro-batch, remat", "GB per GPU (of 186)", "free", "HBM TB per step",
