@@ -106,7 +106,23 @@ class LlamaFamily(ModelFamily):
         return Llama(config, rngs=rngs)
 
 
-_FAMILIES: dict[str, Any] = {DEFAULT_TYPE: LlamaFamily()}
+class MoEFamily(ModelFamily):
+    """The Qwen3-MoE-style mixture of experts (models.moe): ``model.type=moe``."""
+
+    def build(self, config: model_config.LlamaConfig, rngs: nnx.Rngs):
+        from models.moe import Qwen3MoE
+        return Qwen3MoE(config, rngs=rngs)
+
+    def preset(self, name: str, **overrides) -> model_config.LlamaConfig:
+        from models import moe
+        return moe.preset(name, **overrides)
+
+    def flops_per_token(self, config: model_config.LlamaConfig, seq_len: int) -> float:
+        from models import moe
+        return moe.flops_per_token(config, seq_len)
+
+
+_FAMILIES: dict[str, Any] = {DEFAULT_TYPE: LlamaFamily(), "moe": MoEFamily()}
 
 
 def register_model_family(name: str, family: Any, *, replace: bool = False) -> None:

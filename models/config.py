@@ -129,6 +129,16 @@ class LlamaConfig:
     # layout instead of five (models.fused_projections): one GEMM, and in a quantized recipe
     # one set of scales, each. The weights convert exactly between the two layouts.
     fused_projections: bool = False
+    # Mixture of experts (model.type=moe, models.moe; Megatron's names where it has them):
+    # the experts per layer (0: the dense MLP), how many each token reaches, each expert's
+    # SwiGLU width (0: intermediate_size), whether the top-k probabilities are renormalized
+    # (Qwen3's norm_topk_prob), the load-balancing and router z-loss coefficients.
+    num_experts: int = 0
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = True
+    moe_aux_loss_coeff: float = 1e-3
+    moe_z_loss_coeff: float = 0.0
     dtype: Any = jnp.bfloat16  # compute dtype: activations, matmul inputs, logits
     param_dtype: Any = jnp.float32  # master weights
 
@@ -146,7 +156,15 @@ class LlamaConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even (RoPE rotates pairs)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {', '.join(REMAT_POLICIES)}")
-        for name in ("recompute_mlp_product", "fused_projections"):
+        for name in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        for name in ("recompute_mlp_product", "fused_projections", "norm_topk_prob"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.attention_impl not in ATTENTION_IMPLS:

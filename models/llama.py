@@ -83,12 +83,15 @@ def _stacked(states):
 
 
 class Llama(nnx.Module):
+    # The layer class: a family that changes only the layer (models.moe) sets its own.
+    block = Block
+
     def __init__(self, cfg: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                                param_dtype=cfg.param_dtype,
                                embedding_init=nnx.initializers.normal(cfg.init_std), rngs=rngs)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.layers = nnx.List([self.block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg)
         if not cfg.tie_embeddings:
             self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
@@ -110,7 +113,9 @@ class Llama(nnx.Module):
         mask = None if self.config.attention_impl == "cudnn" else causal_document_mask(segment_ids, b, length)
         x = constrain(self._embed(tokens_BxL), BLD)
         x = self._run_layers(x, rope, mask, segment_ids, layer_stacks or {})
-        return constrain(self._logits(x), ("batch", "sequence", "vocab"))
+        x, extras = x if isinstance(x, tuple) else (x, None)  # (x, extras): models.moe
+        logits = constrain(self._logits(x), ("batch", "sequence", "vocab"))
+        return logits if extras is None else (logits, extras)
 
     def _embed(self, tokens):
         """The embedding rows in cfg.dtype. Looked up in the parameter dtype and then cast

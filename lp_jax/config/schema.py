@@ -139,7 +139,7 @@ class ModelConfig:
     # register_model_family, or an import path package.module:attribute (docs/your_model.md).
     # Every family builds from the architecture of the keys below.
     type: str = "llama"
-    # tiny | llama3_125m | llama3_1b | llama3_8b | research_8b
+    # tiny | llama3_125m | llama3_1b | llama3_8b | research_8b (moe: tiny | qwen3_30b_a3b)
     preset: str = "tiny"
     # None keeps the preset's value. vocab_size None: the tokenizer's size rounded up to a
     # multiple of 128 (the preset's own for the mock source).
@@ -183,6 +183,15 @@ class ModelConfig:
     # (the presets': separate). A checkpoint of the other layout is converted exactly on
     # resume and by init.checkpoint (models.fused_projections).
     fused_projections: Optional[bool] = None
+    # Mixture of experts (model.type=moe; docs/moe.md): experts per layer, experts per token,
+    # each expert's SwiGLU width (0: intermediate_size), renormalized top-k probabilities,
+    # Megatron's load-balancing and router z-loss coefficients (defaults 1e-3 and 0).
+    num_experts: Optional[int] = None
+    moe_router_topk: Optional[int] = None
+    moe_ffn_hidden_size: Optional[int] = None
+    norm_topk_prob: Optional[bool] = None
+    moe_aux_loss_coeff: Optional[float] = None
+    moe_z_loss_coeff: Optional[float] = None
     # Compute dtype (activations, GEMM inputs before quantization) and the master-weight
     # dtype. FP32 masters are the recipe: the optimizer updates them, the model casts.
     dtype: str = "bfloat16"

@@ -6,6 +6,9 @@ Engine does), ``nnx.Einsum`` (its ``einsum_op``: ``jnp.einsum`` with ``_dot_gene
 lp_jax's), a user module with a ``dot_general`` or ``einsum_op`` attribute, and a module of
 code outside Flax that holds a parameter of rank 2 or more and none of those attributes
 ("own GEMM": MaxText's ``DenseGeneral`` calls ``jax.lax.dot_general`` on its kernel itself),
+a grouped GEMM of experts (a module with a ``ragged_dot`` attribute, called as
+``jax.lax.ragged_dot``: it gets ``lp_jax.ragged_dot``'s, which runs each group through the
+dot_general chosen for it),
 reached by moving the instance to a subclass whose ``__call__`` intercepts that call
 (``lp_jax.surgery.interception``). A GEMM
 lp_jax.dot_general cannot run (batch dimensions, the kernel as the einsum's left operand)
@@ -21,11 +24,15 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 from jax import lax
 
 from lp_jax.gemm.dot_general import KeepKernelDtype, LowPrecisionDotGeneral
+from lp_jax.gemm.ragged_dot import LowPrecisionRaggedDot
 from lp_jax.surgery.gemm_call import einsum_problem, run_with
 from lp_jax.surgery.interception import Frame, frame
 from lp_jax.surgery.layer_policy import LayerPolicyDotGeneral
 
 OURS = (LowPrecisionDotGeneral, LayerPolicyDotGeneral)
+# A module whose class sets this to True holds a GEMM that is never quantized (a MoE router,
+# which Megatron keeps in FP32): apply_recipe does not list it.
+NEVER_QUANTIZED = "lp_never_quantized"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +99,7 @@ def intercepting_class(base: type) -> type:
 def gemm_modules(model):
     """(path keys, '/'-joined path, module, kind) of every module holding a GEMM, in graph order."""
     for path, node in nnx.iter_graph(model):
-        if not isinstance(node, nnx.Module):
+        if not isinstance(node, nnx.Module) or getattr(node, NEVER_QUANTIZED, False):
             continue
         text = "/".join(map(str, path))
         if isinstance(node, nnx.Linear):
@@ -101,6 +108,8 @@ def gemm_modules(model):
             yield path, text, node, "LinearGeneral"
         elif isinstance(node, nnx.Einsum):
             yield path, text, node, "Einsum"
+        elif "ragged_dot" in vars(node) and callable(node.ragged_dot):
+            yield path, text, node, "ragged_dot"
         elif "dot_general" in vars(node) and callable(node.dot_general):
             yield path, text, node, "dot_general"
         elif "einsum_op" in vars(node) and callable(node.einsum_op):
@@ -133,6 +142,8 @@ def per_layer_kernel_ndim(module, kind: str) -> int | None:
         return len(module.batch_axis) + len(module.in_features) + len(module.out_features)
     if kind == "Einsum":
         return len(module.kernel_shape)
+    if kind == "ragged_dot":
+        return 3  # [groups, K, N]
     return None
 
 
@@ -148,6 +159,9 @@ def current(module, kind: str):
         return op.dot_general if isinstance(op, LowPrecisionEinsum) else op
     if kind == OWN:
         return getattr(module, "lp_dot_general", None)
+    if kind == "ragged_dot":
+        op = module.ragged_dot
+        return op.dot_general if isinstance(op, LowPrecisionRaggedDot) else op
     return module.dot_general
 
 
@@ -159,6 +173,8 @@ def is_default(module, kind: str) -> bool:
         return module.dot_general in (None, lax.dot_general) and module.dot_general_cls is None
     if kind == "Einsum":
         return module.einsum_op is jnp.einsum
+    if kind == "ragged_dot":
+        return module.ragged_dot is lax.ragged_dot
     return False  # a user module's own GEMM is its business
 
 
@@ -169,6 +185,8 @@ def set_gemm(module, kind: str, dg):
         return
     if kind in ("Einsum", "einsum_op"):
         module.einsum_op = LowPrecisionEinsum(dg)
+    elif kind == "ragged_dot":
+        module.ragged_dot = LowPrecisionRaggedDot(dg)
     else:
         module.dot_general = dg
     if kind in ("Linear", "LinearGeneral", "Einsum"):
@@ -185,6 +203,8 @@ def reset(module, kind: str):
         return
     if kind in ("Einsum", "einsum_op"):
         module.einsum_op = jnp.einsum
+    elif kind == "ragged_dot":
+        module.ragged_dot = lax.ragged_dot
     else:
         module.dot_general = None if kind == "LinearGeneral" else lax.dot_general
     if kind in ("Linear", "LinearGeneral", "Einsum"):

@@ -79,9 +79,28 @@ def global_norm(tree) -> jax.Array:
 
 
 def forward_nll(graphdef, params, rest, micro, key, mesh, manual=(), layer_stacks=None):
-    """(summed token NLL, token count) of one micro-batch: the loss the step differentiates,
-    also run by the quant-stats probe, lp_jax.inspect, the study's memory probe and bench.
+    """(summed token NLL, token count) of one micro-batch: the loss the quant-stats probe,
+    lp_jax.inspect, the study's memory probe, evaluation and bench read.
     ``layer_stacks``: the scanned runs' stacked parameters (``lp_jax.training.layer_stacks``)."""
+    nll, count, _ = _forward(graphdef, params, rest, micro, key, mesh, manual, layer_stacks)
+    return nll, count
+
+
+def forward_objective(graphdef, params, rest, micro, key, mesh, manual=(), layer_stacks=None):
+    """(what the step differentiates, (summed NLL, token count, model metrics)) of one
+    micro-batch. A model that returns ``(logits, extras)`` (models.moe) adds
+    ``extras["aux_loss"]`` per token: the objective is the summed NLL plus aux_loss times
+    the micro-batch's token count, so that divided by the step's tokens it is the mean NLL
+    plus the token-weighted mean aux loss. Its other extras are scalar metrics, named by
+    the model's ``extra_metrics``."""
+    nll, count, extras = _forward(graphdef, params, rest, micro, key, mesh, manual, layer_stacks)
+    extras = dict(extras or {})
+    aux = extras.pop("aux_loss", None)
+    objective = nll if aux is None else nll + aux.astype(jnp.float32) * count
+    return objective, (nll, count, {k: jnp.asarray(v, jnp.float32) for k, v in extras.items()})
+
+
+def _forward(graphdef, params, rest, micro, key, mesh, manual, layer_stacks):
     model = nnx.merge(graphdef, params, rest)
     # The abstract mesh makes the model's logical constraints (models.sharding) concrete;
     # jit's in/out shardings supply the devices. Inside the data shard_map the context
@@ -91,9 +110,10 @@ def forward_nll(graphdef, params, rest, micro, key, mesh, manual=(), layer_stack
     with context.rng_scope(key), jax.sharding.use_abstract_mesh(abstract), \
             nnx.logical_axis_rules(activation_rules(manual)):
         # No segment_ids (data.reset_attention_mask=false): plain causal attention per row.
-        logits = model(micro["tokens"], positions=micro["positions"],
-                       segment_ids=micro.get("segment_ids"), **stacks)
-    return token_nll(logits, micro["targets"], micro["loss_mask"])
+        out = model(micro["tokens"], positions=micro["positions"],
+                    segment_ids=micro.get("segment_ids"), **stacks)
+    logits, extras = out if isinstance(out, tuple) else (out, None)
+    return (*token_nll(logits, micro["targets"], micro["loss_mask"]), extras)
 
 
 def _shardings_key(spec: StepSpec, state: dict):
@@ -148,10 +168,10 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     params, rest = state["params"], state["rest"]
     step = state["step"] + 1
     if spec.data_ranks > 1:
-        grads, nll_sum, count = _data_parallel_sums(graphdef, spec, params, rest, batch,
+        grads, nll_sum, count, extras = _data_parallel_sums(graphdef, spec, params, rest, batch,
                                                     state["rng"], step)
     else:
-        grads, nll_sum, count = _accumulate(graphdef, spec, params, rest, batch, state["rng"], step)
+        grads, nll_sum, count, extras = _accumulate(graphdef, spec, params, rest, batch, state["rng"], step)
     # Token mean over the whole global batch, however it was split into micro-batches.
     count = jnp.maximum(count, 1.0)
     loss = nll_sum / count
@@ -173,7 +193,7 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     }
     lr = learning_rate_schedule(spec.optimizer)(state["opt_steps"])
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite,
-               "tokens": count}
+               "tokens": count, **extras}
     return new_state, metrics
 
 
@@ -196,11 +216,11 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
         def loss(diff, micro, key):
             outer, layer_stacks = diff
             layer_stacks = weight_cache.attach(layer_stacks, copies)
-            return forward_nll(graphdef, stacks.params(outer), rest, micro, key,
-                               spec.mesh, manual, layer_stacks)
+            return forward_objective(graphdef, stacks.params(outer), rest, micro, key,
+                                     spec.mesh, manual, layer_stacks)
     else:
         diff, diff_specs = params, specs
-        loss = lambda p, micro, key: forward_nll(graphdef, p, rest, micro, key, spec.mesh, manual)  # noqa: E731
+        loss = lambda p, micro, key: forward_objective(graphdef, p, rest, micro, key, spec.mesh, manual)  # noqa: E731
     if not manual:  # outside a shard_map a constraint names its mesh
         diff_specs = jax.tree.map(lambda s: NamedSharding(spec.mesh, s), diff_specs,
                                   is_leaf=lambda s: isinstance(s, P))
@@ -208,18 +228,22 @@ def _accumulate(graphdef, spec: StepSpec, params, rest, batch, rng, step, manual
 
     def accumulate(carry, xs):
         micro, index = xs
-        (nll, count), grads = grad_fn(diff, micro, jax.random.fold_in(step_key, index))
+        (_, (nll, count, extras)), grads = grad_fn(diff, micro, jax.random.fold_in(step_key, index))
         grads = jax.lax.with_sharding_constraint(grads, diff_specs)
-        grad_sum, nll_sum, count_sum = carry
-        return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count), None
+        grad_sum, nll_sum, count_sum, extras_sum = carry
+        return (jax.tree.map(jnp.add, grad_sum, grads), nll_sum + nll, count_sum + count,
+                jax.tree.map(jnp.add, extras_sum, extras)), None
 
     zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, diff), diff_specs)
-    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-    (grad_sum, nll_sum, count), _ = jax.lax.scan(
+    names = getattr(nnx.merge(graphdef, params, rest), "extra_metrics", ())
+    init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
+            {name: jnp.zeros((), jnp.float32) for name in names})
+    (grad_sum, nll_sum, count, extras_sum), _ = jax.lax.scan(
         accumulate, init, (batch, jnp.arange(spec.accum_steps)))
     if stacks:
         grad_sum = stacks.unsplit(*grad_sum)
-    return grad_sum, nll_sum, count
+    # The model's metrics: the mean over this device's micro-batches.
+    return grad_sum, nll_sum, count, jax.tree.map(lambda v: v / spec.accum_steps, extras_sum)
 
 
 def gathered_weights(spec: StepSpec, params, zero1: Zero1Gather = Zero1Gather()):
@@ -275,23 +299,24 @@ def _data_parallel_sums(graphdef, spec: StepSpec, params, rest, batch, rng, step
 
         masters = jax.tree_util.tree_map_with_path(master, weights, masters_like)
         with manual_axes(manual, rank_axes=("data",)):
-            grads, nll, count = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
-                                            manual=manual, slices=slices)
+            grads, nll, count, extras = _accumulate(graphdef, spec, masters, rest, batch, rng, step,
+                                                    manual=manual, slices=slices)
         stacked = jax.tree.map(lambda g: g[None], grads)
-        return stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data")
+        return (stacked, jax.lax.psum(nll, "data"), jax.lax.psum(count, "data"),
+                jax.tree.map(lambda v: jax.lax.pmean(v, "data"), extras))
 
     # check_vma=False: the body is plain per-rank code. With JAX's replication checks on,
     # the gradient of a data-invariant weight would be psum'd inside the loop (the
     # transpose of its implicit broadcast), and the GEMM backends' platform_dependent
     # branches disagree on the varying-ness of their outputs.
-    stacked, nll_sum, count = jax.shard_map(
+    stacked, nll_sum, count, extras = jax.shard_map(
         local, mesh=spec.mesh, in_specs=(weight_specs, P(), P(None, "data"), P(), P()),
-        out_specs=(P("data"), P(), P()), axis_names=set(manual), check_vma=False)(
+        out_specs=(P("data"), P(), P(), P()), axis_names=set(manual), check_vma=False)(
             weights, rest, batch, rng, step)
     # The step's one data-axis reduction per gradient, into the masters' sharding.
     return (jax.tree.map(lambda g, s: jax.lax.with_sharding_constraint(jnp.sum(g, axis=0), s),
                          stacked, spec.state_shardings(params)),
-            nll_sum, count)
+            nll_sum, count, extras)
 
 
 def _eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):

@@ -1,10 +1,10 @@
 """lp.ragged_dot: each group of the grouped GEMM is lp.dot_general on that group's rows.
 
-Forward, dgrad and wgrad, bit for bit, in every recipe: without stochastic rounding against
-the group's rows alone; with it against the group's rows zero-padded to M rows under the
-key fold_in(k, g) (the module docstring says why). Group sizes include 0 and sizes that are
-not a multiple of any block (so a 1x128 block or a 16-row RHT tile would straddle experts
-if the grid were the whole tensor's)."""
+Forward, dgrad and wgrad, bit for bit, in every recipe, against lp.dot_general on the
+group's rows zero-padded to its window (with SR under the key fold_in(k, g)); without SR,
+against the group's rows alone (the module docstring says how exactly). Group sizes include
+0 and sizes that are not a multiple of any block (so a 1x128 block or a 16-row RHT tile
+would straddle experts if the grid were the whole tensor's)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +12,10 @@ import pytest
 
 import lp_jax as lp
 from lp_jax import context
+from lp_jax.gemm.ragged_dot import window_sizes
 
 M, K, N = 200, 256, 96
-SIZES = (37, 0, 100, 63)
+SIZES = (37, 0, 140, 23)  # windows of 128 and 256 rows
 LINEAR = (((1,), (0,)), ((), ()))
 RECIPES = {"bf16": {}, "fp8_cs": {}, "fp8_block": {}, "mxfp8": {},
            "nvfp4": dict(disable_stochastic_rounding=True), "nvfp4_sr": {}}
@@ -57,9 +58,14 @@ def _dense(recipe, x, w, dy, key=None):
     return (y,) + vjp(dy)
 
 
-def _padded(t, start, size):
-    """The group's rows of t, zero-padded to M rows: the window the grouped GEMM runs."""
-    return jnp.zeros((M,) + t.shape[1:], t.dtype).at[:size].set(t[start:start + size])
+def _window(size):
+    return next(w for w in window_sizes(M) if w >= size)
+
+
+def _padded(t, start, size, rows=None):
+    """The group's rows of t, zero-padded to its window: what the grouped GEMM runs."""
+    rows = rows or _window(size)
+    return jnp.zeros((rows,) + t.shape[1:], t.dtype).at[:size].set(t[start:start + size])
 
 
 def _starts():
@@ -107,7 +113,7 @@ def test_padding_a_groups_rows_changes_no_quantized_value(fmt, axis, rht):
     quantizes to the same values (tensor scales, blocks along the rows starting at its first
     row, 16-row RHT tiles), so no block holds two experts' rows."""
     x = _operands()[0][:, :96] * 7.0
-    alone, padded = x[37:100], _padded(x, 37, 63)
+    alone, padded = x[37:100], _padded(x, 37, 63, rows=M)
 
     def values(t):
         if rht:
@@ -159,3 +165,10 @@ def test_bad_calls_raise_one_line(args, message):
     with pytest.raises(ValueError, match=message) as e:
         lp.ragged_dot("mxfp8")(x, w, sizes, group_offset=jnp.zeros(1, jnp.int32) if args.get("offset") else None)
     assert "\n" not in str(e.value)
+
+
+def test_windows_are_multiples_of_128_up_to_the_rows():
+    assert window_sizes(200) == (128, 256)
+    assert window_sizes(4096) == (128, 256, 512, 1024, 2048, 4096)
+    assert window_sizes(1000) == (128, 256, 512, 1024)
+    assert window_sizes(100) == (128,)

@@ -131,7 +131,7 @@ def test_unknown_type_is_one_line_naming_the_registered(tmp_path, token_cache, m
         resolve(tiny(tmp_path, token_cache, "model.type=lama"), check_files=False)
     message = str(info.value)
     assert "\n" not in message
-    assert message == ("model.type='lama' is not a registered model family; registered: llama, "
+    assert message == ("model.type='lama' is not a registered model family; registered: llama, moe, "
                        "mean_mixer; did you mean 'llama'?")
 
 
@@ -240,7 +240,7 @@ def test_import_path_gives_the_family_once_and_it_builds(family_module):
     (f"{IMPORTED_MODULE}:",
      f"model.type='{IMPORTED_MODULE}:' is not an import path package.module:attribute"),
     (f"{IMPORTED_MODULE}.MeanMixerFamily",
-     f"model.type='{IMPORTED_MODULE}.MeanMixerFamily' is not a registered model family; registered: llama; "
+     f"model.type='{IMPORTED_MODULE}.MeanMixerFamily' is not a registered model family; registered: llama, moe; "
      "an import path is written package.module:attribute"),
 ])
 def test_bad_import_paths_are_one_line(model_type, message, family_module):

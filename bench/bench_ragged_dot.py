@@ -1,0 +1,73 @@
+"""The emulated grouped GEMM (lp.ragged_dot) against a per-expert loop of lp.dot_general.
+
+    python bench/bench_ragged_dot.py [--repeats 5] [--record NAME]
+
+--record NAME also writes the table to bench/records/<NAME>.json for `python -m bench.results`.
+
+Forward and backward (dx, dW) of the tiny MoE's gate/up GEMM for one step: 4096 routed rows
+(8 sequences of 256 tokens, 2 experts each), K=128, N=192, 8 experts of uneven sizes. The
+loop knows the sizes when it is traced (one dense GEMM per expert on exactly its rows); the
+grouped GEMM takes them as data, as a router gives them. The target is 1.3x the loop.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import lp_jax as lp  # noqa: E402
+from bench.common import median_seconds, platform_line, print_table  # noqa: E402
+from bench.results import machine, write_record  # noqa: E402
+from bench.results.records import NAME  # noqa: E402
+
+SIZES = (1200, 300, 900, 100, 500, 400, 296, 400)
+K, N = 128, 192
+LINEAR = (((1,), (0,)), ((), ()))
+
+
+def _step(f, dy):
+    return jax.jit(lambda x, w: jax.vjp(f, x, w)[1](dy))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--record", metavar="NAME", help="also write the table to bench/records/<NAME>.json")
+    args = ap.parse_args()
+    if args.record and not NAME.fullmatch(args.record):
+        ap.error(f"--record {args.record!r}: lowercase words joined by '-'")
+    m = sum(SIZES)
+    kx, kw, kd = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (m, K), jnp.float32).astype(jnp.bfloat16)
+    w = jax.random.normal(kw, (len(SIZES), K, N), jnp.float32) * 0.05
+    dy = jax.random.normal(kd, (m, N), jnp.float32).astype(jnp.bfloat16)
+    sizes = jnp.asarray(SIZES, jnp.int32)
+    rows = []
+    for recipe in ("bf16", "fp8_cs", "fp8_block", "mxfp8", "nvfp4"):
+        grouped, dense = lp.ragged_dot(recipe), lp.dot_general(recipe)
+
+        def loop(x, w, dense=dense):
+            starts = [sum(SIZES[:g]) for g in range(len(SIZES))]
+            return jnp.concatenate([dense(x[s:s + n], w[g], LINEAR) for g, (s, n) in enumerate(zip(starts, SIZES))])
+
+        t_loop = median_seconds(_step(loop, dy), x, w, repeats=args.repeats)
+        t_grouped = median_seconds(_step(lambda x, w, g=grouped: g(x, w, sizes), dy), x, w, repeats=args.repeats)
+        rows.append((recipe, f"{t_grouped * 1e3:.1f}", f"{t_loop * 1e3:.1f}", f"{t_grouped / t_loop:.2f}"))
+    columns = ["recipe", "lp.ragged_dot ms", "per-expert loop ms", "x loop"]
+    print(platform_line())
+    print_table(columns, rows, title=f"{m}x{K} @ {len(SIZES)}x{K}x{N}, forward and backward, median of {args.repeats}")
+    if args.record:
+        path = write_record(
+            args.record, f"Grouped GEMM of {len(SIZES)} experts, {m} rows, forward and backward",
+            shlex.join(["python", "bench/bench_ragged_dot.py", *sys.argv[1:]]), columns, rows, machine(),
+            note=f"Median of {args.repeats} timed calls per row, after a warm-up call that compiles.")
+        print(f"wrote {os.path.relpath(path)}")
+
+
+if __name__ == "__main__":
+    main()
