@@ -44,7 +44,10 @@ class TrainableModel(Protocol):
     def __call__(self, tokens_BxL, positions=None, segment_ids=None) -> Any:
         """Logits [B, L, V] from int32 tokens [B, L]; ``positions`` [B, L] restart at 0 in each
         packed document and ``segment_ids`` [B, L] number the documents (a token attends
-        only to earlier tokens of its own document; a model may ignore both)."""
+        only to earlier tokens of its own document; a model may ignore both). A model may
+        return ``(logits, extras)`` instead: ``extras["aux_loss"]`` (a scalar per token, such
+        as models.moe's load-balancing loss) joins what the step differentiates, and the
+        scalars named by the model's ``extra_metrics`` attribute are reported with the loss."""
 
 
 class ScannedLayers(Protocol):
