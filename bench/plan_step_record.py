@@ -1,10 +1,9 @@
 """Writes bench/records/plan-8b-{gb200,h200}-step.json from the plan's JSON of each shipped
 8B config.
 
-    for r in bf16 fp8_cs mxfp8 nvfp4; do
-      python -m lp_jax.plan --config configs/llama3_8b_$r.yaml --gpu gb200 --gpus 8 \\
-        --recipes $r --json OUT/$r.json data.source=mock model.vocab_size=128256
-    done
+    # for each {recipe} of bf16, fp8_cs, mxfp8, nvfp4:
+    python -m lp_jax.plan --config configs/llama3_8b_{recipe}.yaml --gpu gb200 --gpus 8 \\
+        --recipes {recipe} --json OUT/{recipe}.json data.source=mock model.vocab_size=128256
     python -m bench.plan_step_record OUT
 
     # H200: each config at micro-batch 2 with remat=mlp (OUT/<recipe>-2-mlp.json), and BF16
