@@ -66,15 +66,20 @@ def make_scoring_step(logits_fn: Callable[[Any], Any] | nnx.Module):
         @jax.jit
         def model_step(state, tokens_BxL, targets_BxKxL, mask_BxKxL):
             model = nnx.merge(graphdef, state)
-            return continuation_logprobs(model(tokens_BxL), targets_BxKxL, mask_BxKxL)
+            return continuation_logprobs(_logits(model(tokens_BxL)), targets_BxKxL, mask_BxKxL)
 
         return lambda *batch: model_step(state, *batch)
 
     @jax.jit
     def fn_step(tokens_BxL, targets_BxKxL, mask_BxKxL):
-        return continuation_logprobs(logits_fn(tokens_BxL), targets_BxKxL, mask_BxKxL)
+        return continuation_logprobs(_logits(logits_fn(tokens_BxL)), targets_BxKxL, mask_BxKxL)
 
     return fn_step
+
+
+def _logits(out):
+    """A model's logits: its output, or the first of (logits, extras) (models.moe)."""
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _group_rows(requests: Sequence[TokenizedRequest]) -> list[tuple[tuple[int, ...], list[int]]]:

@@ -107,3 +107,15 @@ def test_flops_count_the_active_experts_only():
     assert moe.flops_per_token(dense_experts, 4096) > 5 * active
     # About 3.3B active parameters (Qwen3-30B-A3B's card says 3.3B), 6 FLOPs each, plus attention.
     assert 6 * 3.0e9 < active - 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * 4096 < 6 * 3.6e9
+
+
+def test_the_scorer_reads_the_moe_models_logits():
+    """lm-eval scoring (lp_jax.evaluation) takes the logits of a model returning extras."""
+    from lp_jax.evaluation.scorer import continuation_logprobs, make_scoring_step
+    model, cfg = _model()
+    tokens = (jnp.arange(32, dtype=jnp.int32) * 7 % cfg.vocab_size).reshape(2, 16)
+    targets = jnp.roll(tokens, -1, axis=1)[:, None, :]
+    mask = jnp.ones(targets.shape, bool).at[:, :, -1].set(False)
+    got = make_scoring_step(model)(tokens, targets, mask)
+    want = continuation_logprobs(model(tokens)[0], targets, mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
