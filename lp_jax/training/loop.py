@@ -56,6 +56,7 @@ class RunResult:
     nonfinite_steps: int
     stopped_early: bool  # stop_at or a signal ended the run before `steps`
     run_dir: str
+    preempted_by: str | None = None  # the signal that stopped the run before its end
 
 
 class _Console:
@@ -356,6 +357,8 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         if stop.received:
             r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
                   "re-run the same command to resume (a second signal interrupts at once)")
+            if step < end:  # a signal on the last step found the run finished
+                result.preempted_by = stop.received
             break
     result.stopped_early = result.step < cfg.steps
     if result.stopped_early and not stop.received and r.start < end:

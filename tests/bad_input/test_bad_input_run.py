@@ -9,7 +9,7 @@ from lp_jax.config.schema import TrainConfig
 from lp_jax.runs import checkpoint as checkpoint_lib
 from lp_jax.runs.checkpoint import Checkpointer
 from lp_jax.training.metrics import read_metrics
-from tests.support.bad_input import error_line, tiny, train
+from tests.support.bad_input import error_line, only_line, tiny, train
 
 
 def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, token_cache, capsys):
@@ -103,3 +103,12 @@ def test_a_save_that_cannot_be_written_stops_at_once(layer, tmp_path, token_cach
     moved = Checkpointer(str(folder) + ".moved", 5)
     assert moved.all_steps() == [2]  # the checkpoint written before is whole
     moved.close()
+
+
+def test_preempted_exit_code_default_and_range(tmp_path, token_cache, capsys):
+    assert TrainConfig().checkpoint.preempted_exit_code == 75
+    for taken in (1, 2, 130, 256):  # 1, 2, 130 already mean stopped, bad input, interrupted
+        rc, _, err = train(capsys, tiny(tmp_path, token_cache, f"checkpoint.preempted_exit_code={taken}"))
+        assert rc == 2 and only_line(err) == (
+            f"train.py: error: checkpoint.preempted_exit_code={taken} is invalid: must be 0-255 "
+            "and not 1, 2 or 130 (stopped, bad input, interrupted)")
