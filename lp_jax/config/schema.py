@@ -298,6 +298,9 @@ class CheckpointConfig:
     resume: bool = True
     # None: <run_dir>/checkpoints
     dir: Optional[str] = None
+    # train.py's exit status after a SIGTERM/SIGINT stop that saved a checkpoint: not 0, so
+    # that a scheduler requeues the run (75 is EX_TEMPFAIL, "try again"); 0 treats it as done.
+    preempted_exit_code: int = 75
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,13 +78,20 @@ class HFTokenizer:
         except Exception as e:  # the Rust side raises a bare Exception for any bad file
             raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: "
                              f"{one_line(e)}") from None
+        _refuse_cutting(self._tok, path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         bos, eos = _special_tokens(path)
-        self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS")
-        self.eos_id = self._id_of(eos, _EOS_NAMES, "EOS")
+        self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS", "bos_token")
+        self.eos_id = self._id_of(eos, _EOS_NAMES, "EOS", "eos_token")
 
-    def _id_of(self, preferred: str | None, names: Sequence[str], what: str) -> int:
-        for token in ([preferred] if preferred else []) + list(names):
+    def _id_of(self, configured: str | None, names: Sequence[str], what: str, key: str) -> int:
+        if configured:  # named by tokenizer_config.json: another token would mark documents wrongly
+            token_id = self._tok.token_to_id(configured)
+            if token_id is None:
+                raise ValueError(f"{str(self.path.with_name('tokenizer_config.json'))!r} names "
+                                 f"{key} {configured!r}, which tokenizer {self.name!r} does not have")
+            return token_id
+        for token in names:
             token_id = self._tok.token_to_id(token)
             if token_id is not None:
                 return token_id
@@ -129,6 +136,16 @@ def encode_document(tokenizer: Tokenizer, ids: np.ndarray) -> np.ndarray:
     return np.concatenate([[tokenizer.bos_id], ids, tail]).astype(np.int64)
 
 
+def _refuse_cutting(tok, path) -> None:
+    """A tokenizer.json's truncation or padding block would cut (or pad) every document
+    it encodes, silently: refused, rather than switched off behind the user's back."""
+    for block, effect in (("truncation", "cut every document to its max_length"),
+                          ("padding", "pad every document with pad ids")):
+        if getattr(tok, block) is not None:
+            raise ValueError(f"tokenizer file {str(path)!r} has a {block!r} block, which would "
+                             f"{effect}; set \"{block}\": null in it")
+
+
 def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
     """bos/eos from a tokenizer_config.json next to the tokenizer.json, if there is one."""
     config = path.with_name("tokenizer_config.json")
@@ -165,6 +182,7 @@ class HFTokenizerFile:
             self._tokenizer = _HF.from_file(path)
         except Exception as e:  # the Rust side raises a bare Exception for any bad file
             raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
+        _refuse_cutting(self._tokenizer, path)
         self.bos_id = self._prefix_token()
 
     def encode(self, text: str) -> list[int]:

@@ -15,6 +15,7 @@ import glob
 import json
 import logging
 import os
+import pathlib
 import shutil
 from typing import Any, Callable
 
@@ -104,9 +105,18 @@ class Checkpointer:
         except Exception as e:
             raise self._write_error(e) from e
 
-    def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> tuple[Any, dict]:
-        """(state, meta) of ``step``; the data iterator is restored in place."""
+    def restore(self, step: int, abstract_state: Any, data_iterator: Any,
+                zero_if_missing: tuple[str, ...] = ()) -> tuple[Any, dict]:
+        """(state, meta) of ``step``; the data iterator is restored in place.
+        ``zero_if_missing``: entries of the state dict added after some checkpoints were
+        written; a checkpoint without one restores it as zeros of the target's shape."""
         ocp = self._ocp
+        full, missing = abstract_state, []
+        if zero_if_missing:
+            saved = ocp.StandardCheckpointHandler().metadata(
+                pathlib.Path(self.directory, str(step), "state"))
+            missing = [k for k in zero_if_missing if k not in saved.tree]
+            abstract_state = {k: v for k, v in abstract_state.items() if k not in missing}
         items = {"state": ocp.args.StandardRestore(abstract_state),
                  "meta": ocp.args.JsonRestore()}
         data_dir = os.path.join(self.directory, str(step), "data")
@@ -124,7 +134,12 @@ class Checkpointer:
         if other:
             with open(other[0]) as f:
                 data_iterator.set_state(json.load(f))
-        return restored["state"], restored["meta"]
+        state = restored["state"]
+        if missing:
+            state = dict(state, **{k: jax.device_put(jnp.zeros(full[k].shape, full[k].dtype),
+                                                     getattr(full[k], "sharding", None))
+                                   for k in missing})
+        return state, restored["meta"]
 
     def read_meta(self, step: int) -> dict:
         """The ``meta`` item of ``step`` alone (the config it was saved with)."""
@@ -137,8 +152,8 @@ class Checkpointer:
 
     def restore_newest(self, abstract_state: Any, data_iterator: Any,
                        check: Callable[[int, dict], None] | None = None,
-                       saved_as: Callable[[int, dict], tuple[Any, Callable] | None] | None = None
-                       ) -> Resumed:
+                       saved_as: Callable[[int, dict], tuple[Any, Callable] | None] | None = None,
+                       zero_if_missing: tuple[str, ...] = ()) -> Resumed:
         """The newest checkpoint that restores completely.
 
         Newer ones that do not (a truncated array file, garbled metadata, a missing item,
@@ -150,7 +165,7 @@ class Checkpointer:
         of the tree the step holds, a function from that tree to ``abstract_state``'s) for a
         step saved in another layout, None otherwise; a failed conversion propagates (the
         checkpoint is not damaged). With no usable checkpoint, ``step`` is None and nothing
-        is renamed."""
+        is renamed. ``zero_if_missing`` as for ``restore``."""
         def attempt(step: int) -> tuple[Any, str | None]:
             meta, reason = _attempt(lambda: self.read_meta(step))
             if reason is None and check is not None:
@@ -159,7 +174,8 @@ class Checkpointer:
             if reason is None and saved_as is not None:
                 target, convert = saved_as(step, meta) or (target, convert)
             if reason is None:
-                restored, reason = _attempt(lambda: self.restore(step, target, data_iterator))
+                restored, reason = _attempt(lambda: self.restore(step, target, data_iterator,
+                                                                    zero_if_missing))
             if not _on_every_process(reason is None):  # all resume from the same step
                 return None, reason or "another process could not restore it"
             if convert is not None:

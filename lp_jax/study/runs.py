@@ -179,6 +179,11 @@ def train(config: TrainConfig, name: str, say: Callable[[str], None] = print,
         raise StudyInterrupted(f"[{name}] interrupted; the run saved at its last step "
                                f"(exit status {rc}); re-run the study to resume") from None
     log.close()
+    if rc and rc == config.checkpoint.preempted_exit_code:
+        # A signal that reached the run itself (a scheduler's SIGTERM): it saved, and the
+        # machine is going away, so the study stops as on its own SIGTERM.
+        raise StudyInterrupted(f"[{name}] stopped by a signal after saving (exit status {rc}); "
+                               "re-run the study to resume")
     after = inspect_run(config)
     if rc == 0 and after.state == "complete":
         records.write_machine(run_dir)  # the code that trained its last steps

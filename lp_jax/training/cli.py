@@ -1,8 +1,9 @@
 """The command line behind train.py: bad input (the config, or the data, folders and
 checkpoints it names) exits 2 with one line, never a traceback; a run that has to stop
 (non-finite steps, a checkpoint or metrics file that cannot be written, the run folder
-gone) exits 1 with one line; a second SIGINT/SIGTERM interrupts at once and exits 130 with
-one line."""
+gone) exits 1 with one line; a first SIGINT/SIGTERM saves and exits
+checkpoint.preempted_exit_code (75) for a scheduler to requeue the run; a second interrupts
+at once and exits 130 with one line."""
 from __future__ import annotations
 
 import argparse
@@ -77,4 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     loss = f"loss {result.loss:.4f}" if result.loss is not None else "nothing left to train"
     print(f"step {result.step}/{config.steps}: {loss}{val}; "
           f"{result.nonfinite_steps} non-finite step(s) skipped; run folder {result.run_dir}")
+    if result.preempted_by:  # saved, not finished: exit-code-based requeues must run it again
+        return config.checkpoint.preempted_exit_code
     return 0

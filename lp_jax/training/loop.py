@@ -56,6 +56,7 @@ class RunResult:
     nonfinite_steps: int
     stopped_early: bool  # stop_at or a signal ended the run before `steps`
     run_dir: str
+    preempted_by: str | None = None  # the signal that stopped the run before its end
 
 
 class _Console:
@@ -99,7 +100,6 @@ class _Run:
     device: jax.Device  # this process's first device (memory stats, platform, peak table)
     saved_step: int
     lock: RunLock | None  # process 0's lock on the run folder
-    nonfinite_in_a_row: int = 0
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
 
     def close(self, failing: bool) -> None:
@@ -244,6 +244,7 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
                 "init.checkpoint to start a new run from these weights")
 
     found = ckpt.restore_newest(target, train_it, check=same_model_and_stream,
+                                zero_if_missing=("nonfinite_in_a_row",),
                                 saved_as=restore_in_saved_layout(plan.model_config, target,
                                                                  target_in_layout))
     for step, why in found.skipped:
@@ -346,11 +347,18 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         if stop.agree(folder_lost=r.lock is not None and r.lock.lost()):
             raise RunFolderLostError(cfg.run_dir)
         stop.check()  # never save once a second signal came
-        if stop.received or step == end or step % cfg.checkpoint.every == 0:
+        # A step whose update was skipped is no step to resume from: the periodic save
+        # waits for a finite one, so a rerun after a stop on the streak replays it whole.
+        # The last save (end, stop_at, signal) is written anyway: the state holds the
+        # streak, and the resume goes on counting it.
+        periodic = step % cfg.checkpoint.every == 0 and not int(r.state["nonfinite_in_a_row"])
+        if stop.received or step == end or periodic:
             _save(r, step)
         if stop.received:
             r.say(f"{stop.received}: stopped after step {step}; checkpoint saved, "
                   "re-run the same command to resume (a second signal interrupts at once)")
+            if step < end:  # a signal on the last step found the run finished
+                result.preempted_by = stop.received
             break
     result.stopped_early = result.step < cfg.steps
     if result.stopped_early and not stop.received and r.start < end:
@@ -411,9 +419,7 @@ def _out_of_vocabulary(batch: dict, vocab_size: int) -> dict:
 
 def _guard_nonfinite(r: _Run, step: int, m: dict) -> None:
     if m["finite"]:
-        r.nonfinite_in_a_row = 0
         return
-    r.nonfinite_in_a_row += 1
     loss, norm = float(m["loss"]), float(m["grad_norm"])
     r.say(f"step {step}: non-finite loss {loss} or gradient norm {norm}; update skipped")
     untouched = (f"the last checkpoint (step {r.saved_step}) is untouched" if r.saved_step
@@ -422,7 +428,7 @@ def _guard_nonfinite(r: _Run, step: int, m: dict) -> None:
     if o.on_nonfinite == "stop":
         raise NonFiniteLossError(f"step {step}: loss {loss}, gradient norm {norm} "
                                  f"(optimizer.on_nonfinite=stop); {untouched}")
-    n = r.nonfinite_in_a_row
+    n = int(r.state["nonfinite_in_a_row"])  # checkpointed: a resume goes on counting
     if o.max_nonfinite_in_a_row and n >= o.max_nonfinite_in_a_row:
         raise NonFiniteLossError(
             f"steps {step - n + 1}-{step}: {n} non-finite steps in a row "

@@ -9,6 +9,8 @@ The state is a plain dict, the tree that checkpoints hold:
     step         optimizer steps taken, skipped ones included (= batches consumed)
     opt_steps    updates actually applied (drives the learning-rate schedule)
     nonfinite_steps  steps skipped because the loss or gradient norm was not finite
+    nonfinite_in_a_row  the skipped steps since the last finite one (a resume goes on
+                 counting; checkpoints that lack it restore it as 0)
     rng          key data of the base key (stochastic-rounding bits derive from it)
 
 Nothing in it depends on the precision recipe: recipes live in the graphdef.
@@ -37,6 +39,7 @@ def abstract_state(graphdef_params_rest, tx, seed: int) -> dict:
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     return {"params": params, "rest": rest, "opt_state": jax.eval_shape(tx.init, params),
             "step": scalar, "opt_steps": scalar, "nonfinite_steps": scalar,
+            "nonfinite_in_a_row": scalar,
             "rng": jax.eval_shape(lambda: jax.random.key_data(jax.random.key(seed)))}
 
 
@@ -48,7 +51,7 @@ def init_state(build_model: Callable[[], nnx.Module], tx, seed: int, shardings: 
         _, params, rest = split_model(build_model())
         zero = jnp.zeros((), jnp.int32)
         return {"params": params, "rest": rest, "opt_state": tx.init(params), "step": zero,
-                "opt_steps": zero, "nonfinite_steps": zero,
+                "opt_steps": zero, "nonfinite_steps": zero, "nonfinite_in_a_row": zero,
                 "rng": jax.random.key_data(jax.random.key(seed))}
 
     return jax.jit(init, out_shardings=shardings)()

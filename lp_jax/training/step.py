@@ -189,6 +189,7 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
         "step": step,
         "opt_steps": state["opt_steps"] + finite.astype(jnp.int32),
         "nonfinite_steps": state["nonfinite_steps"] + (~finite).astype(jnp.int32),
+        "nonfinite_in_a_row": jnp.where(finite, 0, state["nonfinite_in_a_row"] + 1),
         "rng": state["rng"],
     }
     lr = learning_rate_schedule(spec.optimizer)(state["opt_steps"])

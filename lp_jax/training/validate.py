@@ -184,6 +184,10 @@ def _check_scalars(c: TrainConfig) -> None:
                  s.decay_steps, "must be at least 1 (null means steps)")
     _fail_unless(c.checkpoint.every >= 1, "checkpoint.every", c.checkpoint.every, "must be at least 1")
     _fail_unless(c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep, "must be at least 1")
+    code = c.checkpoint.preempted_exit_code
+    # 1, 2 and 130 already say stopped, bad input and interrupted (lp_jax.training.cli).
+    _fail_unless(0 <= code <= 255 and code not in (1, 2, 130), "checkpoint.preempted_exit_code",
+                 code, "must be 0-255 and not 1, 2 or 130 (stopped, bad input, interrupted)")
     lg = c.logging
     _fail_unless(lg.every >= 1, "logging.every", lg.every, "must be at least 1")
     _fail_unless(lg.val_every >= 0, "logging.val_every", lg.val_every, "must be >= 0 (0: only at the end)")

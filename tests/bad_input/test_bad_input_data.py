@@ -105,6 +105,48 @@ def test_bad_hf_tokenizer(what, message, tmp_path, token_cache, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def _word_tokenizer(folder, block=None, bos=None):
+    """A small tokenizer.json built here (no download), with a truncation or padding block,
+    or a tokenizer_config.json naming `bos` as its BOS token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate("def return if".split())}}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    if block == "truncation":
+        hf.enable_truncation(max_length=8)
+    elif block == "padding":
+        hf.enable_padding(pad_id=0, pad_token="<unk>")
+    folder.mkdir()
+    hf.save(str(folder / "tokenizer.json"))
+    if bos is not None:
+        (folder / "tokenizer_config.json").write_text(f'{{"bos_token": "{bos}", "eos_token": "</s>"}}')
+    return folder / "tokenizer.json"
+
+
+@pytest.mark.parametrize("block, effect", [("truncation", "cut every document to its max_length"),
+                                           ("padding", "pad every document with pad ids")])
+def test_a_tokenizer_that_cuts_or_pads_documents_is_refused(block, effect, tmp_path, token_cache,
+                                                             capsys):
+    path = _word_tokenizer(tmp_path / "tok", block=block)
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.tokenizer=hf:{path}"))
+    assert rc == 2
+    assert only_line(err) == (f"train.py: error: data.tokenizer: tokenizer file '{path}' has a "
+                              f"'{block}' block, which would {effect}; set \"{block}\": null in it")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_configured_bos_token_missing_from_the_vocabulary_is_refused(tmp_path, token_cache, capsys):
+    # Without the check, BOS would silently be <s>, which the config does not name.
+    path = _word_tokenizer(tmp_path / "tok", bos="<|begin_of_text|>")
+    rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.tokenizer=hf:{path}"))
+    assert rc == 2
+    assert only_line(err) == (
+        f"train.py: error: data.tokenizer: '{tmp_path / 'tok' / 'tokenizer_config.json'}' names "
+        f"bos_token '<|begin_of_text|>', which tokenizer 'hf:{path}' does not have")
+    assert not (tmp_path / "run").exists()
+
+
 def test_binary_files_among_the_text_are_skipped_and_counted(tmp_path, token_cache):
     texts = {f"doc{i}.txt": f"text number {i}\n" * (20 + i) for i in range(3)}
     for name, text in texts.items():

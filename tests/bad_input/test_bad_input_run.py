@@ -9,7 +9,7 @@ from lp_jax.config.schema import TrainConfig
 from lp_jax.runs import checkpoint as checkpoint_lib
 from lp_jax.runs.checkpoint import Checkpointer
 from lp_jax.training.metrics import read_metrics
-from tests.support.bad_input import error_line, tiny, train
+from tests.support.bad_input import error_line, only_line, tiny, train
 
 
 def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, token_cache, capsys):
@@ -21,10 +21,43 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_run(tmp_path, token_cache, c
     assert error_line(err, "train.py: stopped: ") == (
         "train.py: stopped: steps 2-4: 3 non-finite steps in a row "
         "(optimizer.max_nonfinite_in_a_row=3), so nothing is being learned: the data or the "
-        "weights are broken; the last checkpoint (step 2) is untouched")
+        "weights are broken; no checkpoint was written")
     ckpt = Checkpointer(tmp_path / "checkpoints", 5)
-    assert ckpt.all_steps() == [2]  # nothing at or after the step that stopped it
+    assert ckpt.all_steps() == []  # step 2's periodic save waits for a finite step
     ckpt.close()
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+@pytest.mark.slow  # two runs; 12 s alone
+def test_a_rerun_after_the_streak_stop_stops_again_at_the_same_step(tmp_path, token_cache, capsys):
+    # Steps 3-5 NaN: no checkpoint inside the streak, so the rerun replays it from step 2
+    # and stops again, rather than count afresh from step 4 and finish with exit 0.
+    argv = tiny(tmp_path, token_cache, "debug.inject_nan_at_steps=[3,4,5]",
+                "optimizer.max_nonfinite_in_a_row=3")
+    for _ in range(2):
+        rc, _, err = train(capsys, argv)
+        assert rc == 1
+        assert error_line(err, "train.py: stopped: ").startswith(
+            "train.py: stopped: steps 3-5: 3 non-finite steps in a row ")
+        assert err.rstrip().endswith("the last checkpoint (step 2) is untouched")
+        ckpt = Checkpointer(tmp_path / "checkpoints", 5)
+        assert ckpt.all_steps() == [2]
+        ckpt.close()
+
+
+@pytest.mark.slow  # two runs; 12 s alone
+def test_a_streak_open_at_stop_at_goes_on_counting_after_the_resume(tmp_path, token_cache, capsys):
+    # NaN from step 2, at most 3 in a row: uninterrupted, the run stops at step 4. Stopped
+    # at step 3 (streak 2, saved), the resume must stop at step 4 too, not at step 6.
+    nan = ("debug.inject_nan_at_steps=[2,3,4,5,6]", "optimizer.max_nonfinite_in_a_row=3")
+    assert train(capsys, tiny(tmp_path, token_cache, *nan, "stop_at=3"))[0] == 0
+    ckpt = Checkpointer(tmp_path / "checkpoints", 5)
+    assert ckpt.all_steps() == [3]  # stop_at's save, with the streak in the state
+    ckpt.close()
+    rc, _, err = train(capsys, tiny(tmp_path, token_cache, *nan))
+    assert rc == 1
+    assert error_line(err, "train.py: stopped: ").startswith(
+        "train.py: stopped: steps 2-4: 3 non-finite steps in a row ")
     assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
 
 
@@ -70,3 +103,12 @@ def test_a_save_that_cannot_be_written_stops_at_once(layer, tmp_path, token_cach
     moved = Checkpointer(str(folder) + ".moved", 5)
     assert moved.all_steps() == [2]  # the checkpoint written before is whole
     moved.close()
+
+
+def test_preempted_exit_code_default_and_range(tmp_path, token_cache, capsys):
+    assert TrainConfig().checkpoint.preempted_exit_code == 75
+    for taken in (1, 2, 130, 256):  # 1, 2, 130 already mean stopped, bad input, interrupted
+        rc, _, err = train(capsys, tiny(tmp_path, token_cache, f"checkpoint.preempted_exit_code={taken}"))
+        assert rc == 2 and only_line(err) == (
+            f"train.py: error: checkpoint.preempted_exit_code={taken} is invalid: must be 0-255 "
+            "and not 1, 2 or 130 (stopped, bad input, interrupted)")

@@ -54,3 +54,21 @@ def test_hf_tokenizer_json_finds_bos_and_eos(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text('{"bos_token": "</s>", "eos_token": {"content": "<s>"}}')
     tok = get_tokenizer(f"hf:{tmp_path / 'tokenizer.json'}")
     assert (tok.bos_id, tok.eos_id) == (2, 1)
+
+
+def test_eval_tokenizer_file_with_truncation_is_refused(tmp_path):
+    # eval.py --hf encodes contexts with the same file: a truncation block would cut them.
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from lp_jax.data.tokenizers import HFTokenizerFile
+
+    hf = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1, "hello": 2}, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.enable_truncation(max_length=4)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"has a 'truncation' block, which would cut every "
+                                         r"document to its max_length"):
+        HFTokenizerFile(str(tmp_path))
+    hf.no_truncation()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    assert HFTokenizerFile(str(tmp_path)).encode("hello hello hello hello hello") == [2] * 5

@@ -51,3 +51,29 @@ def test_never_saves_a_poisoned_state(tmp_path):
         ckpt.save(7, bad, None, {})
     ckpt.close()
     assert Checkpointer(tmp_path / "ck", keep=2).latest_step() is None
+
+
+def test_a_state_entry_added_later_restores_as_zero_from_older_checkpoints(tmp_path):
+    """Checkpoints written before the state held ``nonfinite_in_a_row`` still resume (the
+    streak counts from 0); one that holds it restores its value."""
+    _, spec, state = setup()
+    state = dict(state, nonfinite_in_a_row=jnp.int32(2))
+    older = {k: v for k, v in state.items() if k != "nonfinite_in_a_row"}
+    ckpt = Checkpointer(tmp_path / "ck", keep=3, async_save=False)
+    ckpt.save(1, older, None, {"step": 1})
+    ckpt.save(2, state, None, {"step": 2})
+    ckpt.close()
+
+    target = abstract_like(state, state_shardings(state, spec.mesh))
+    ckpt = Checkpointer(tmp_path / "ck", keep=3)
+    with pytest.raises(ValueError, match="nonfinite_in_a_row"):  # why the option exists
+        ckpt.restore(1, target, None)
+    restored, _ = ckpt.restore(1, target, None, zero_if_missing=("nonfinite_in_a_row",))
+    assert restored["nonfinite_in_a_row"].dtype == jnp.int32
+    assert int(restored["nonfinite_in_a_row"]) == 0
+    np.testing.assert_array_equal(restored["nonfinite_steps"], older["nonfinite_steps"])
+    newer, _ = ckpt.restore(2, target, None, zero_if_missing=("nonfinite_in_a_row",))
+    assert int(newer["nonfinite_in_a_row"]) == 2
+    found = ckpt.restore_newest(target, None, zero_if_missing=("nonfinite_in_a_row",))
+    ckpt.close()
+    assert found.step == 2 and not found.skipped

@@ -242,3 +242,23 @@ def test_report_names_run_folders_relative_to_itself(tmp_path, monkeypatch, runs
     for name in ("study.json", "report.md"):
         assert str(tmp_path) not in (tmp_path / "study" / name).read_text()
     assert json.loads((tmp_path / "study" / "study.json").read_text())["runs"] == summary["runs"]
+
+
+@pytest.mark.parametrize("code", [75, 1])
+def test_a_run_stopped_by_a_signal_interrupts_the_study_and_a_crash_does_not(tmp_path, monkeypatch,
+                                                                             code):
+    """A child that exits checkpoint.preempted_exit_code saved after a signal (a scheduler's
+    SIGTERM reached it): the study stops as on its own SIGTERM; any other status is that
+    run's failure. A stand-in train.py exits with the status."""
+    from lp_jax.study import runs
+
+    (tmp_path / "train.py").write_text(f"import sys\nsys.exit({code})\n")
+    monkeypatch.setattr(runs, "REPO_ROOT", tmp_path)
+    config = load_config(None, [f"run_dir={tmp_path / 'run'}"])
+    if code == 75:
+        with pytest.raises(runs.StudyInterrupted, match=r"\[bf16\] stopped by a signal after "
+                                                        r"saving \(exit status 75\)"):
+            runs.train(config, "bf16", say=lambda line: None, progress_every=0.1)
+    else:
+        status = runs.train(config, "bf16", say=lambda line: None, progress_every=0.1)
+        assert status.state == "failed" and "exit status 1" in status.message

@@ -52,8 +52,10 @@ def test_nonfinite_step_is_skipped_and_counted():
                     jax.tree.leaves(after["params"]) + jax.tree.leaves(after["opt_state"])):
         np.testing.assert_array_equal(a, b)  # bit for bit: no update, no moment change
     assert (int(after["step"]), int(after["opt_steps"]), int(after["nonfinite_steps"])) == (2, 1, 1)
+    assert int(after["nonfinite_in_a_row"]) == 1  # the streak is in the (checkpointed) state
     after, m = run_step(graphdef, spec, after, host)  # and training goes on
     assert bool(m["finite"]) and int(after["opt_steps"]) == 2
+    assert int(after["nonfinite_in_a_row"]) == 0 and int(after["nonfinite_steps"]) == 1
 
 
 def test_masked_targets_do_not_count():
