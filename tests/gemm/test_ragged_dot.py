@@ -77,7 +77,7 @@ def _some_slow(names, fast):
     return [n if n in fast else pytest.param(n, marks=pytest.mark.slow) for n in names]
 
 
-@pytest.mark.parametrize("name", _some_slow(RECIPES, fast=("mxfp8",)))
+@pytest.mark.parametrize("name", _some_slow(RECIPES, fast=("fp8_cs",)))
 def test_each_group_is_dot_general_on_its_padded_rows_bit_for_bit(name):
     """Forward, dgrad and wgrad; with SR under the key fold_in(k, g) of the call's key k."""
     x, w, dy = _operands()
