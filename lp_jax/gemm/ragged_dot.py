@@ -34,18 +34,14 @@ import numpy as np
 from jax import lax
 
 from lp_jax import context
-from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
-from lp_jax.recipes import Recipe, get_recipe
+from lp_jax.gemm.dot_general import _needs_key, dot_general
+from lp_jax.recipes import Recipe
 
 _LINEAR = (((1,), (0,)), ((), ()))
 # Up to this many groups run unrolled: XLA:CPU runs the backward of a scan over them about
 # 13x slower than the same groups unrolled (MXFP8, 8 groups of 4096 rows in all); more are
 # scanned, which keeps the compile small.
 UNROLLED_GROUPS = 32
-
-
-def _stochastic(recipe: Recipe) -> bool:
-    return any(spec.stochastic for spec in recipe.operand_specs())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +71,7 @@ class LowPrecisionRaggedDot:
         # The padding keeps every window's dynamic slice in bounds (a clamped slice would
         # shift its rows).
         x_pad = jnp.concatenate([lhs, jnp.zeros((windows[-1], k), lhs.dtype)])
-        key = context.site_key() if _stochastic(self.recipe) else None
+        key = context.site_key() if _needs_key(self.recipe) else None
 
         def window(rows, out, g, w_g, start, size):
             in_group = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < size
@@ -87,11 +83,12 @@ class LowPrecisionRaggedDot:
             kept = lax.dynamic_slice_in_dim(out, start, rows)
             return lax.dynamic_update_slice_in_dim(out, jnp.where(in_group, y_g.astype(out_dtype), kept), start, 0)
 
+        branches = [functools.partial(window, rows) for rows in windows]
+
         def group(out, xs):
             g, w_g, start, size = xs
             # The smallest window that holds the group: only that branch runs.
             which = jnp.searchsorted(jnp.asarray(windows), size)
-            branches = [functools.partial(window, rows) for rows in windows]
             return lax.switch(which, branches, out, g, w_g, start, size), None
 
         out = jnp.zeros((m + windows[-1], rhs.shape[2]), out_dtype)
@@ -136,6 +133,4 @@ def _check(lhs, rhs, group_sizes, group_offset) -> None:
 
 def ragged_dot(recipe: Recipe | str, **overrides) -> LowPrecisionRaggedDot:
     """The quantized ``jax.lax.ragged_dot`` for ``recipe`` (a Recipe or a name for get_recipe)."""
-    if isinstance(recipe, str) or overrides:
-        recipe = get_recipe(recipe, **overrides)
-    return LowPrecisionRaggedDot(LowPrecisionDotGeneral(recipe))
+    return LowPrecisionRaggedDot(dot_general(recipe, **overrides))

@@ -399,7 +399,7 @@ def _train_one_step(r: _Run, step: int) -> dict:
     values = {"loss": float(m["loss"]), "lr": float(m["lr"]), "grad_norm": float(m["grad_norm"]),
               "tokens_per_sec": tokens_per_step / seconds, "tflops_per_device": tflops,
               "step_time_s": seconds, "nonfinite_steps": int(r.state["nonfinite_steps"])}
-    values.update({k: float(v) for k, v in m.items() if k.startswith("moe_")})  # models.moe's
+    values.update({k: float(v) for k, v in m["extras"].items()})  # the model's extra_metrics
     peak = metrics_lib.peak_tflops(r.device.device_kind, r.phase.recipe.name)
     if peak:
         values["mfu"] = tflops / peak

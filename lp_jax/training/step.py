@@ -194,7 +194,7 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     }
     lr = learning_rate_schedule(spec.optimizer)(state["opt_steps"])
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr, "finite": finite,
-               "tokens": count, **extras}
+               "tokens": count, "extras": extras}
     return new_state, metrics
 
 

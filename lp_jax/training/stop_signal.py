@@ -95,7 +95,10 @@ class StopSignal:
         """Raises ``Interrupted`` when a second signal came but could not raise (it arrived
         in a finalizer); the loop calls this after each step and before any save."""
         if self.interrupted:
-            raise Interrupted(self.message(self._second), self.say_once)
+            raise self._interruption()
+
+    def _interruption(self) -> Interrupted:
+        return Interrupted(self.message(self._second), self.say_once)
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
@@ -137,8 +140,7 @@ class StopSignal:
             self._watcher.join(timeout=GRACE_S)
         # A second signal that arrived in a finalizer after the last check still ends the
         # run as interrupted.
-        late = (Interrupted(self.message(self._second), self.say_once)
-                if self.interrupted and exc_type is None else None)
+        late = self._interruption() if self.interrupted and exc_type is None else None
         self.last_checkpoint = lambda: 0
         for sig, handler in self._previous.items():
             # Once a run was told to stop, its process is on its way out: a signal more
