@@ -6,8 +6,8 @@ the main thread, which the command line reports in one line. Python prints and d
 exception raised while a garbage-collector callback or a finalizer runs (JAX registers a
 gc callback), so the handler does not raise there: it marks the run interrupted, and the
 loop raises at its next check (``check()``, after each step, before any save) or, at the
-latest, when the run closes. Python runs a signal's
-handler only between bytecodes of the main thread, so one that arrives while the main
+latest, when the run closes, whatever other exception the interruption became on its way
+(a native callback re-raises it as its own). Python runs a signal's handler only between bytecodes of the main thread, so one that arrives while the main
 thread waits inside a long native call (a step on the device, Orbax finishing a save)
 would wait with it. The signal's number is therefore also written to a pipe at the moment
 it arrives (``signal.set_wakeup_fd``), and a watcher thread reading it ends the process
@@ -139,15 +139,17 @@ class StopSignal:
             # last_checkpoint holds the run) aborts the process as JAX frees them.
             self._watcher.join(timeout=GRACE_S)
         # A second signal that arrived in a finalizer after the last check still ends the
-        # run as interrupted.
-        late = self._interruption() if self.interrupted and exc_type is None else None
+        # run as interrupted; so does one whose exception a native callback caught and
+        # re-raised as another (MLIR's walk wraps it in a RuntimeError while JAX compiles).
+        late = (self._interruption()
+                if self.interrupted and not isinstance(exc, Interrupted) else None)
         self.last_checkpoint = lambda: 0
         for sig, handler in self._previous.items():
             # Once a run was told to stop, its process is on its way out: a signal more
             # would only interrupt the exit with a traceback.
             signal.signal(sig, signal.SIG_IGN if self.received else handler)
         if late is not None:
-            raise late
+            raise late from exc
 
 
 def _in_finalizer(frame) -> bool:

@@ -50,3 +50,21 @@ def test_a_second_signal_in_plain_code_raises_where_it_lands():
             for _ in range(1000):
                 pass
             pytest.fail("the handler did not raise")
+
+
+def test_a_second_signal_a_native_callback_wrapped_still_ends_the_run_as_interrupted():
+    """MLIR's operation walk, run while JAX computes a cache key, turns an exception raised
+    in its Python callback into a RuntimeError carrying the traceback as text."""
+    def native_walk():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        except BaseException as e:
+            raise RuntimeError(f"Exception raised in callback: {e}") from None
+
+    with pytest.raises(Interrupted, match="interrupted by a second SIGINT") as caught:
+        with StopSignal() as stop:
+            stop.received = "SIGINT"
+            native_walk()
+    assert isinstance(caught.value.__cause__, RuntimeError)
