@@ -421,7 +421,9 @@ def _guard_nonfinite(r: _Run, step: int, m: dict) -> None:
     if m["finite"]:
         return
     loss, norm = float(m["loss"]), float(m["grad_norm"])
-    r.say(f"step {step}: non-finite loss {loss} or gradient norm {norm}; update skipped")
+    what = (f"zero gradient norm at loss {loss:.6g} (activations overflowed: every token equally "
+            "likely)" if norm == 0 else f"non-finite loss {loss} or gradient norm {norm}")
+    r.say(f"step {step}: {what}; update skipped")
     untouched = (f"the last checkpoint (step {r.saved_step}) is untouched" if r.saved_step
                  else "no checkpoint was written")
     o = r.plan.config.optimizer

@@ -161,8 +161,9 @@ def eval_step(graphdef, spec: StepSpec, state: dict, batch: dict):
 def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     """One optimizer step over a global batch of [accum, micro, L] arrays.
 
-    A step whose loss or gradient norm is not finite leaves params and optimizer state
-    unchanged (skipped, counted); the caller decides whether to go on.
+    A step whose loss or gradient norm is not finite, or whose gradient norm is 0, leaves
+    params and optimizer state unchanged (skipped, counted); the caller decides whether to
+    go on.
     """
     tx = make_optimizer(spec.optimizer)
     params, rest = state["params"], state["rest"]
@@ -177,7 +178,10 @@ def _train_step(graphdef, spec: StepSpec, state: dict, batch: dict):
     loss = nll_sum / count
     grads = jax.tree.map(lambda g: g / count, grads)
     grad_norm = global_norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    # A gradient norm of exactly 0 is no learning step either: activations past FP32's range
+    # (~1.8e19) make RMSNorm's mean square inf and its output 0, so every token gets the same
+    # probability (loss ln(vocab)) and no gradient flows; counted and skipped as a NaN is.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & (grad_norm > 0)
 
     updates, new_opt_state = tx.update(grads, state["opt_state"], params)
     new_params = optax.apply_updates(params, updates)

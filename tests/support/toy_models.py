@@ -124,12 +124,12 @@ def opt_spec(**kw):
     return OptimizerSpec(**{**base, **kw})
 
 
-def setup(accum=1, noisy=False, seed=0, **kw):
-    """(graphdef, StepSpec, state) for the toy model on a one-device mesh."""
+def setup(accum=1, noisy=False, seed=0, model=None, **kw):
+    """(graphdef, StepSpec, state) for the toy model (or ``model(rngs)``) on a one-device mesh."""
     mesh = make_mesh(1, 1)
     spec = StepSpec(opt_spec(**kw), accum, mesh)
     tx = make_optimizer(spec.optimizer)
-    build = lambda: ToyLM(nnx.Rngs(seed), noisy=noisy)
+    build = (lambda: model(nnx.Rngs(seed))) if model else (lambda: ToyLM(nnx.Rngs(seed), noisy=noisy))
     abstract = nnx.eval_shape(build)
     graphdef, params, rest = state_lib.split_model(abstract)
     target = state_lib.abstract_state((graphdef, params, rest), tx, seed)

@@ -58,6 +58,25 @@ def test_nonfinite_step_is_skipped_and_counted():
     assert int(after["nonfinite_in_a_row"]) == 0 and int(after["nonfinite_steps"]) == 1
 
 
+def test_overflowed_activations_count_as_a_failed_step():
+    """Activations past FP32's range make RMSNorm's output 0: loss ln(vocab) exactly and a
+    zero gradient norm, which is no learning step and must not pass as a finite one."""
+    from models.config import preset
+    from models.llama import Llama
+
+    cfg = preset("tiny", num_layers=1)
+    graphdef, spec, state = setup(model=lambda rngs: Llama(cfg, rngs=rngs))
+    embedding = state["params"]["embed"]["embedding"]
+    embedding.set_value(embedding[...] * 1e22)  # rows of ~2e20: their squares overflow
+    before = jax.tree.map(np.asarray, state["params"])
+    after, m = run_step(graphdef, spec, state, batch(4))
+    assert float(m["grad_norm"]) == 0.0
+    np.testing.assert_allclose(float(m["loss"]), np.log(cfg.vocab_size), rtol=1e-6)
+    assert not bool(m["finite"]) and int(after["nonfinite_steps"]) == 1
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after["params"])):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_masked_targets_do_not_count():
     graphdef, spec, state = setup()
     host = batch(2)
