@@ -204,23 +204,52 @@ def newest_restorable(checkpoint_dir: str, attempt: Callable[[int], Any],
     raise UserError: a read-only tool's fallback over damaged checkpoints (the trainer's
     own, which also sets them aside, is the run checkpointer's restore_newest). Each one
     skipped is a warning (stderr by default); with none left, UserError names every step
-    and why."""
+    and why.
+
+    A running trainer rotates its checkpoints (``checkpoint.keep``) while this reads: a step
+    whose folder vanished during its read was deleted, not damaged, so it is passed over
+    without a warning, and once every listed step is tried the folder is listed again, so
+    that steps saved meanwhile are read rather than reporting that nothing restores."""
     warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
 
     def attempt_or_why(step: int) -> tuple[Any, str | None]:
         try:
             return attempt(step), None
-        except UserError as e:  # the reason without the "<folder> step N: " it starts with
+        except (UserError, OSError) as e:
+            if not os.path.isdir(os.path.join(checkpoint_dir, str(step))):
+                return None, DELETED_WHILE_READ
+            if not isinstance(e, UserError):
+                raise
+            # the reason without the "<folder> step N: " it starts with
             return None, re.sub(rf"^.*?step {step}: ", "", one_line(e), count=1)
 
-    step, result, skipped = newest_that_restores(saved_steps(checkpoint_dir), attempt_or_why)
-    if step is None:
-        raise UserError(f"{checkpoint_dir}: no checkpoint restores: "
-                        + "; ".join(f"step {bad}: {why}" for bad, why in skipped))
-    for bad, why in skipped:
-        warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored ({why}); "
-             f"skipped (left as it is), using step {step}")
-    return result
+    tried, skipped = set(), []
+    for _ in range(LISTINGS):
+        try:
+            steps = [s for s in saved_steps(checkpoint_dir) if s not in tried]
+        except UserError:
+            if not tried:
+                raise
+            break  # every step deleted and none saved since
+        if not steps:
+            break
+        tried.update(steps)
+        step, result, failed = newest_that_restores(steps, attempt_or_why)
+        skipped += failed
+        if step is not None:
+            for bad, why in skipped:
+                if why != DELETED_WHILE_READ:
+                    warn(f"warning: checkpoint {bad} in {checkpoint_dir} cannot be restored "
+                         f"({why}); skipped (left as it is), using step {step}")
+            return result
+    raise UserError(f"{checkpoint_dir}: no checkpoint restores: "
+                    + "; ".join(f"step {bad}: {why}" for bad, why in sorted(skipped, reverse=True)))
+
+
+# A step deleted by the trainer's rotation while a reader read it; and how often a reader
+# lists the folder again when every step it listed was deleted or damaged meanwhile.
+DELETED_WHILE_READ = "deleted while it was read (the trainer's checkpoint.keep rotation)"
+LISTINGS = 5
 
 
 def saved_steps(checkpoint_dir: str) -> list[int]:

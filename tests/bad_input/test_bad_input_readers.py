@@ -82,3 +82,27 @@ def test_no_checkpoint_restores_is_one_error_naming_each(run):
     with pytest.raises(UserError, match="no checkpoint restores: step 4: .*; step 2: "):
         open_and_restore(str(run))
     assert _listing(run) == ["2", "4"]
+
+
+def test_a_reader_racing_the_trainers_rotation_reads_the_step_saved_meanwhile(run, capsys, monkeypatch):
+    """checkpoint.keep deletes the steps a reader listed while it reads them: those are
+    passed over without a warning, and the folder is listed again rather than reporting
+    that no checkpoint restores (docs/bad_input.md, case 5)."""
+    import shutil
+
+    from lp_jax.runs import run_folder
+
+    checkpoints, real_open_run, opened = run / "checkpoints", run_folder.open_run, []
+
+    def rotating_open_run(path, step=None):
+        if not opened:  # the trainer saves step 6 and, keeping 1, deletes 2 and 4
+            shutil.copytree(checkpoints / "4", checkpoints / "6")
+            shutil.rmtree(checkpoints / "4")
+            shutil.rmtree(checkpoints / "2")
+        opened.append(step)
+        return real_open_run(path, step)
+
+    monkeypatch.setattr(run_folder, "open_run", rotating_open_run)
+    saved, model = open_and_restore(str(run))
+    assert (saved.step, opened) == (6, [4, 2, 6]) and model is not None
+    assert "warning" not in capsys.readouterr().err
