@@ -27,7 +27,7 @@ from models.activation_vjp import swiglu
 from models.config import LlamaConfig, output_init_std
 from models.config import preset as config_preset
 from models.layers import Attention, Block, RMSNorm
-from models.llama import Llama
+from models.llama import Llama, _stacked, layer_groups
 
 
 class Router(nnx.Module):
@@ -124,8 +124,9 @@ class MoEBlock(Block):
 
 
 class Qwen3MoE(Llama):
-    """Llama's embedding, attention, norms and head, with MoEBlock layers. Layers run
-    unscanned (``scan_layers`` is refused: the stats leave each layer as outputs)."""
+    """Llama's embedding, attention, norms and head, with MoEBlock layers. With
+    ``scan_layers`` each run of equal layers is one ``lax.scan`` (as for Llama) whose
+    per-layer routing statistics come out stacked."""
 
     block = MoEBlock
     # The scalars the model returns beside its logits and aux_loss, which the train step
@@ -137,15 +138,32 @@ class Qwen3MoE(Llama):
         super().__init__(cfg, rngs=rngs)
 
     def _run_layers(self, x, rope, mask, segment_ids, layer_stacks):
-        stats = []
-        for i, (graphdef, params, rest) in enumerate(nnx.split(layer, nnx.Param, ...) for layer in self.layers):
-            x, layer_stats = self._layer_fn(graphdef)(params, rest, x, jnp.int32(i), rope, mask, segment_ids)
-            stats.append(layer_stats)
-        load = jnp.stack([s["load"] for s in stats])
-        extras = {"aux_loss": sum(s["aux_loss"] + s["z_loss"] for s in stats),
-                  "moe_aux_loss": sum(s["aux_loss"] for s in stats),
-                  "moe_z_loss": sum(s["z_loss"] for s in stats),
-                  "moe_load_max": jnp.max(load), "moe_load_min": jnp.min(load)}
+        split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
+        runs = (layer_groups([g for g, _, _ in split]) if self.config.scan_layers
+                else [(i, i + 1) for i in range(len(split))])
+        stats = []  # per run: {name: [layers of the run, ...]}
+        for start, end in runs:
+            fn = self._layer_fn(split[start][0])
+            if end - start == 1:
+                x, layer_stats = fn(split[start][1], split[start][2], x, jnp.int32(start), rope, mask,
+                                    segment_ids)
+                stats.append(jax.tree.map(lambda a: a[None], layer_stats))
+                continue
+            params = layer_stacks.get(start)
+            if params is None:
+                params = _stacked([p for _, p, _ in split[start:end]])
+            rest = _stacked([r for _, _, r in split[start:end]])
+
+            def scan_body(carry, xs, fn=fn):
+                i, params, rest = xs
+                return fn(params, rest, carry, i, rope, mask, segment_ids)
+
+            x, run_stats = lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), params, rest))
+            stats.append(run_stats)
+        per_layer = {name: jnp.concatenate([s[name] for s in stats]) for name in stats[0]}
+        aux, z = jnp.sum(per_layer["aux_loss"]), jnp.sum(per_layer["z_loss"])
+        extras = {"aux_loss": aux + z, "moe_aux_loss": aux, "moe_z_loss": z,
+                  "moe_load_max": jnp.max(per_layer["load"]), "moe_load_min": jnp.min(per_layer["load"])}
         return x, extras
 
 
@@ -153,8 +171,7 @@ PRESETS = {
     # The tiny Llama's attention with 8 experts of width 96, 2 per token: 192 active SwiGLU
     # units per token against the dense tiny's 384. Trains on 2 CPU cores in minutes.
     "tiny": dict(preset="tiny", num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=96),
-    # Qwen3-30B-A3B's shape (its config.json): 48 layers of 128 experts, 8 per token. Not
-    # yet its QK-norm, so not its checkpoints (docs/moe.md).
+    # Qwen3-30B-A3B's shape (its config.json): 48 layers of 128 experts, 8 per token.
     "qwen3_30b_a3b": dict(vocab_size=151_936, hidden_size=2048, intermediate_size=6144, num_layers=48,
                           num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1_000_000.0,
                           rms_norm_eps=1e-6, max_seq_len=40_960, num_experts=128, moe_router_topk=8,
@@ -182,8 +199,6 @@ def check(cfg: LlamaConfig) -> None:
     if not 1 <= cfg.moe_router_topk <= cfg.num_experts:
         raise ValueError(f"model.moe_router_topk={cfg.moe_router_topk} must be between 1 and "
                          f"model.num_experts={cfg.num_experts}")
-    if cfg.scan_layers:
-        raise ValueError("model.type=moe runs its layers unscanned: set model.scan_layers=false")
     if cfg.remat == "mlp":
         raise ValueError("model.remat=mlp rebuilds a dense MLP block; model.type=moe takes none, full, "
                          "dots_saveable, dots_with_no_batch_dims_saveable, megatron or elementwise")

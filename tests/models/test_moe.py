@@ -91,10 +91,37 @@ def test_recipes_train_the_tiny_moe_with_its_balance_in_the_metrics(recipe, tmp_
         assert 0 <= m["moe_load_min"] <= 1 <= m["moe_load_max"] <= 8
 
 
+@pytest.mark.slow  # four MoE forward and backward compiles
+def test_scanned_layers_equal_unrolled_ones_with_their_statistics():
+    """scan_layers: the runs of equal layers (here layer 0 in BF16 by the policy, then 1-3
+    in MXFP8) are scanned, and the logits, routing statistics and gradients are those of
+    the unrolled layers."""
+    recipe = lp.get_recipe("mxfp8", first_bf16_layers=1, last_bf16_layers=0)
+    tokens = jax.random.randint(jax.random.key(2), (2, 32), 0, 384)
+
+    def loss_and_grads(scan):
+        model, _ = _model(scan_layers=scan)
+        lp.apply_recipe(model, recipe)
+        if scan:
+            assert model.scanned_runs() == [(1, 4)]
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(params):
+            logits, extras = nnx.merge(graphdef, params, rest)(tokens)
+            return jnp.mean(logits ** 2) + extras["aux_loss"], extras
+
+        (value, extras), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        return value, extras, grads
+
+    scanned, unrolled = loss_and_grads(True), loss_and_grads(False)
+    for a, b in zip(jax.tree.leaves(scanned), jax.tree.leaves(unrolled)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-8)
+    assert set(scanned[1]) == {"aux_loss", "moe_aux_loss", "moe_z_loss", "moe_load_max", "moe_load_min"}
+
+
 @pytest.mark.parametrize("override, message", [
     ("model.moe_router_topk=9", "model: model.moe_router_topk=9 must be between 1 and model.num_experts=8"),
     ("model.num_experts=1", "model: model.type=moe needs model.num_experts >= 2, got 1"),
-    ("model.scan_layers=true", "model: model.type=moe runs its layers unscanned"),
     ("model.remat=mlp", "model: model.remat=mlp rebuilds a dense MLP block"),
 ])
 def test_bad_shapes_are_one_line(override, message, tmp_path, token_cache):
