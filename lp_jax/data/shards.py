@@ -116,8 +116,12 @@ def write_json_atomically(path: pathlib.Path, data: dict) -> None:
 
 
 def read_meta(shard_path: str | pathlib.Path) -> dict | None:
-    meta = pathlib.Path(shard_path).parent / META
-    return json.loads(meta.read_text()) if meta.is_file() else None
+    """The meta.json beside a shard (or the part.json of a prepare_data --workers part)."""
+    folder = pathlib.Path(shard_path).parent
+    for name in (META, "part.json"):
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text())
+    return None
 
 
 def expand_globs(patterns: Iterable[str]) -> list[str]:
