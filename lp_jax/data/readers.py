@@ -158,7 +158,8 @@ def _open_lines(path: str):
         return open(path, "rb")
     import pyarrow as pa
 
-    return io.BufferedReader(pa.input_stream(path, compression=compression), 1 << 20)
+    # A small read-ahead keeps the line an error reports close to where the stream broke.
+    return io.BufferedReader(pa.input_stream(path, compression=compression), 1 << 16)
 
 
 def _jsonl_documents(path: str, field: str, skipped: Counter,
@@ -171,14 +172,16 @@ def _jsonl_documents(path: str, field: str, skipped: Counter,
                     continue  # a blank line holds no document
                 yield line_no - 1, _json_text(path, line_no, line, field, skipped, missing_field)
     except OSError as e:  # pyarrow's decompressors raise OSError for a bad or cut stream
-        where = f"after line {line_no}" if line_no else "at the start"
-        raise InputError(f"{path}: {one_line(e)} {where} (truncated or damaged file?)") from None
+        raise InputError(f"{path}: {one_line(e)} after line {line_no:,} (truncated or damaged "
+                         "file?)") from None
 
 
 def _json_text(path, line_no, line: bytes, field, skipped, missing_field) -> str | None:
     try:
         record = json.loads(line)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{line_no}: not a JSON line: {e.msg} at column {e.colno}") from None
+    except ValueError as e:  # UnicodeDecodeError
         raise InputError(f"{path}:{line_no}: not a JSON line: {one_line(e, 120)}") from None
     if not isinstance(record, dict):
         raise InputError(f"{path}:{line_no}: a JSON line must hold an object, got "
