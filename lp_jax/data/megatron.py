@@ -19,7 +19,7 @@ bytes       what                                 type
 (S)         per-sequence modes, multimodal only  int8
 ==========  ==================================  ==========================================
 
-``preprocess_data.py`` writes one sequence per document (without ``--split-sentences``);
+Megatron's ``tools/preprocess_data.py`` writes one sequence per document (without ``--split-sentences``);
 here a document is the sequences between two document-index entries, and its first token
 is where packing starts a new document. The ``.bin`` is read in place, memory-mapped.
 """
