@@ -79,6 +79,8 @@ def expand_inputs(globs: Sequence[str], input_format: str = "auto") -> list[Inpu
             if os.path.isfile(match):
                 kind = kind_of(match) if input_format == "auto" else input_format
                 found[match] = InputFile(match, kind)
+            elif input_format not in ("auto", "arrow"):
+                continue  # a folder, passed over as globs always did
             elif os.path.isfile(os.path.join(match, _HF_STATE)):
                 for arrow in hf_dataset_files(match):
                     found[arrow] = InputFile(arrow, "arrow")

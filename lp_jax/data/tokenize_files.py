@@ -66,58 +66,60 @@ def frame(tokenizer: Tokenizer, encoded: Sequence[np.ndarray]) -> tuple[np.ndarr
 
 def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Settings,
                   tmp_prefix: str) -> TaskResult:
-    """Tokenizes the files into ``<tmp_prefix>.<split>`` token files."""
+    """Tokenizes the files into ``<tmp_prefix>.<split>`` token files. Documents are handed
+    to the tokenizer in batches that run across files (many small text files make one
+    batch), in order."""
     outputs = {split: open(f"{tmp_prefix}.{split}", "wb") for split in SPLITS}
     lengths: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
-    files: dict[str, dict] = {}
+    counts = {job.name: {split: [0, 0] for split in SPLITS} for job in jobs}  # documents, tokens
+    skipped = {job.name: Counter() for job in jobs}
+    batch: list[tuple[str, str, str]] = []  # (text, split, file name)
+    chars = 0
+
+    def flush():
+        encoded = tokenizer.encode_batch([text for text, _, _ in batch])
+        for split in SPLITS:
+            mine = [(ids, name) for ids, (_, side, name) in zip(encoded, batch) if side == split]
+            if not mine:
+                continue
+            tokens, doc_lengths = frame(tokenizer, [ids for ids, _ in mine])
+            outputs[split].write(tokens.tobytes())
+            lengths[split].append(doc_lengths)
+            for (_, name), n in zip(mine, doc_lengths.tolist()):
+                counts[name][split][0] += 1
+                counts[name][split][1] += n
+        batch.clear()
+
     try:
         for job in jobs:
-            files[job.name] = _tokenize_file(job, tokenizer, settings, outputs, lengths)
+            documents = read_documents(job.source, settings.text_field, skipped[job.name],
+                                       settings.missing_field)
+            for row, text in documents:
+                if text is None:
+                    continue
+                side = job.split
+                if side == BY_DOCUMENT:
+                    side = "val" if document_in_val(job.name, row, settings.val_fraction) else "train"
+                batch.append((text, side, job.name))
+                chars += len(text)
+                if chars >= _BATCH_CHARS or len(batch) >= _BATCH_DOCUMENTS:
+                    flush()
+                    chars = 0
+        if batch:
+            flush()
     finally:
         for f in outputs.values():
             f.close()
+    files = {}
+    for job in jobs:
+        account: dict = {split: {"documents": d, "tokens": t}
+                         for split, (d, t) in counts[job.name].items() if d}
+        if skipped[job.name]:
+            account["skipped"] = dict(sorted(skipped[job.name].items()))
+        files[job.name] = account
     return TaskResult({split: f"{tmp_prefix}.{split}" for split in SPLITS},
                       {split: np.concatenate(lengths[split]) if lengths[split]
                        else np.zeros(0, np.int64) for split in SPLITS}, files)
-
-
-def _tokenize_file(job: FileJob, tokenizer, settings, outputs, lengths) -> dict:
-    skipped: Counter = Counter()
-    counts = {split: [0, 0] for split in SPLITS}  # documents, tokens
-    texts, sides, chars = [], [], 0
-
-    def flush():
-        encoded = tokenizer.encode_batch(texts)
-        for split in SPLITS:
-            mine = [ids for ids, side in zip(encoded, sides) if side == split]
-            if mine:
-                tokens, doc_lengths = frame(tokenizer, mine)
-                outputs[split].write(tokens.tobytes())
-                lengths[split].append(doc_lengths)
-                counts[split][0] += len(mine)
-                counts[split][1] += int(doc_lengths.sum())
-        texts.clear()
-        sides.clear()
-
-    documents = read_documents(job.source, settings.text_field, skipped, settings.missing_field)
-    for row, text in documents:
-        if text is None:
-            continue
-        side = job.split
-        if side == BY_DOCUMENT:
-            side = "val" if document_in_val(job.name, row, settings.val_fraction) else "train"
-        texts.append(text)
-        sides.append(side)
-        chars += len(text)
-        if chars >= _BATCH_CHARS or len(texts) >= _BATCH_DOCUMENTS:
-            flush()
-            chars = 0
-    if texts:
-        flush()
-    account: dict = {split: {"documents": d, "tokens": t} for split, (d, t) in counts.items() if d}
-    if skipped:
-        account["skipped"] = dict(sorted(skipped.items()))
-    return account
 
 
 # ---- the pool: each spawned process builds nothing until its first task
