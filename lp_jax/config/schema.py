@@ -208,12 +208,15 @@ class DataConfig:
 
     # text: text files (globs in `paths`; none = the Python standard library's .py files),
     #   tokenized once into a cache and packed; tokens: pre-tokenized .npy/.bin shards
-    #   (prepare_data writes them); mock: Megatron's mock documents (ascending ids, random
+    #   (prepare_data writes them); megatron: Megatron-LM .bin/.idx pairs read in place,
+    #   paths are their prefixes or a blend [w1, prefix1, w2, prefix2, ...] (docs/data.md);
+    #   mock: Megatron's mock documents (ascending ids, random
     #   lengths, EOD; packed and shuffled as Megatron's GPTDataset does: learnable);
     #   mock_uniform: uniform random ids, one document per sequence (shapes only).
     source: str = "text"
     # Globs. For text, the validation split is taken from these files by file (val_fraction)
-    # unless val_paths is given; for tokens, val_paths names the validation shards.
+    # unless val_paths is given; for tokens, val_paths names the validation shards; for
+    # megatron, validation prefixes, else the last val_fraction of each dataset's documents.
     paths: tuple[str, ...] = ()
     val_paths: tuple[str, ...] = ()
     # Fraction of text files held out for validation (chosen by a hash of each file's

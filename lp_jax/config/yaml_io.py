@@ -178,6 +178,13 @@ def all_keys(cls: type = TrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
+_BLEND_KEYS = ("data.paths", "data.val_paths")  # lists that may hold Megatron blend weights
+
+
+def _is_weight(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def coerce(hint: Any, value: Any, name: str) -> Any:
     """``value`` as type ``hint``, or a UserError naming key ``name``."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -189,6 +196,9 @@ def coerce(hint: Any, value: Any, name: str) -> Any:
     if origin is tuple:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             value = [value]  # `data.paths=a/*.txt`: one element
+        if name in _BLEND_KEYS and len(value) >= 2 and _is_weight(value[0]):
+            # Megatron's blend [0.3, prefix, 0.7, prefix]: YAML reads the weights as numbers
+            value = [str(v) if _is_weight(v) else v for v in value]
         return tuple(coerce(args[0], v, f"{name}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(hint):
         if hint is PrecisionConfig and isinstance(value, str):

@@ -18,7 +18,7 @@ import grain
 import jax
 import numpy as np
 
-from lp_jax.data import shards
+from lp_jax.data import megatron, shards
 from lp_jax.data.batch_stream import BatchStream
 from lp_jax.data.prepare_data import cached_text_shards
 from lp_jax.errors import UserError
@@ -91,8 +91,14 @@ class PackedSequences:
 
     def __init__(self, arrays: Sequence[np.ndarray], seq_len: int, bos_id: int,
                  vocab_size: int | None = None, names: Sequence[str] | None = None,
-                 rules: DocumentRules = DocumentRules()):
+                 rules: DocumentRules = DocumentRules(),
+                 document_starts: Sequence[np.ndarray] | None = None):
+        """``document_starts[i]``, when given, holds the ascending token offsets at which
+        documents begin in ``arrays[i]`` (a Megatron index's): then those, not BOS ids, mark
+        the documents."""
         self.arrays, self.seq_len, self.bos_id, self.rules = list(arrays), seq_len, bos_id, rules
+        self.document_starts = None if document_starts is None else [
+            np.asarray(s, np.int64) for s in document_starts]
         self.vocab_size = vocab_size
         self.names = list(names) if names is not None else [f"#{i}" for i in range(len(self.arrays))]
         counts = [max(0, (len(a) - 1) // seq_len) for a in self.arrays]
@@ -111,7 +117,13 @@ class PackedSequences:
         window = self.arrays[shard][start:start + self.seq_len + 1]
         if self.vocab_size is not None:
             self._check_ids(window, shard, start)
-        return pack_sequence(window, self.bos_id, self.rules)
+        if self.document_starts is None:
+            return pack_sequence(window, self.bos_id, self.rules)
+        offsets = self.document_starts[shard]
+        first, last = np.searchsorted(offsets, [start, start + len(window)])
+        starts = np.zeros(len(window), bool)
+        starts[offsets[first:last] - start] = True
+        return pack_window(window, starts, self.rules)
 
     def _check_ids(self, window: np.ndarray, shard: int, start: int) -> None:
         low, high = int(window.min()), int(window.max())
@@ -146,6 +158,58 @@ class MockSequences:
         rng = np.random.default_rng((self.seed, int(index)))
         window = rng.integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int64)
         return pack_window(window, np.zeros(len(window), bool), self.rules)
+
+
+BLEND_RESOLUTION = 10_000  # blend weights are honoured to one part in this
+
+
+class BlendedSequences:
+    """Megatron's blend of datasets (``data.paths=[w1, prefix1, w2, prefix2, ...]``): the
+    sequences of several sources interleaved so that every stretch of the stream holds
+    them in the weights' proportions, as Megatron's BlendedDataset does.
+
+    The weights, rounded to ``BLEND_RESOLUTION``, become integer counts per period; each slot
+    of the period goes to the source furthest behind its weight (Megatron's rule in
+    build_blending_indices), so sequence ``i`` is found without a table of the whole run.
+    Each source is read in its own seeded shuffle, reshuffled on each of its passes; a
+    source with a large weight and few sequences repeats within one pass of another. The
+    blend's length is the sequences it takes for every source to be read whole once.
+    """
+
+    shuffles_itself = True  # the order is the blend's: train_iterator adds no shuffle
+
+    def __init__(self, sources: Sequence[Any], weights: Sequence[float], seed: int):
+        import math
+
+        counts = [max(1, round(w / sum(weights) * BLEND_RESOLUTION)) for w in weights]
+        common = math.gcd(*counts)
+        self.counts = [c // common for c in counts]
+        period = sum(self.counts)
+        taken = [0] * len(sources)
+        self._slot_source, self._slot_rank = [], []
+        for slot in range(period):
+            behind = [c * (slot + 1) / period - t for c, t in zip(self.counts, taken)]
+            source = int(np.argmax(behind))
+            self._slot_source.append(source)
+            self._slot_rank.append(taken[source])
+            taken[source] += 1
+        self.period = period
+        self.sources = [grain.MapDataset.source(s).shuffle(seed=(seed + 7919 * i) % 2**32)
+                        for i, s in enumerate(sources)]
+        self.length = max(-(-len(s) * period // c) for s, c in zip(sources, self.counts))
+
+    def __len__(self) -> int:
+        return self.length
+
+    def source_of(self, index: int) -> tuple[int, int]:
+        """(source, its sequence number) of blended sequence ``index``."""
+        cycle, slot = divmod(int(index), self.period)
+        source = self._slot_source[slot]
+        return source, cycle * self.counts[source] + self._slot_rank[slot]
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        source, key = self.source_of(index)
+        return self.sources[source][key]
 
 
 # Megatron's MockGPTLowLevelDataset (megatron/core/datasets/gpt_dataset.py): a fixed set of
@@ -254,6 +318,8 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
         val = MockSequences(vocab_size, data_cfg.seq_len, seed=seed + 0x5EED, rules=rules)
         return Splits(MockSequences(vocab_size, data_cfg.seq_len, seed=seed, rules=rules), val,
                       f"uniform random tokens (vocab {vocab_size})")
+    if data_cfg.source == "megatron":
+        return open_megatron_splits(data_cfg, tokenizer, vocab_size, seed, rules)
     binary: list[str] = []
     if data_cfg.source == "text":
         try:
@@ -290,6 +356,69 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
     skipped = f"; skipped {len(binary)} binary file(s), e.g. {binary[0]}" if binary else ""
     return Splits(train, val, f"{what}: {tokens:,} training tokens ({tokenizer.name}), "
                               f"{0 if val is None else len(val):,} validation sequences{skipped}")
+
+
+def open_megatron_splits(data_cfg, tokenizer, vocab_size: int, seed: int,
+                         rules: DocumentRules) -> Splits:
+    """Megatron-LM indexed datasets read in place (``data.source=megatron``). Without
+    ``data.val_paths``, the last ``data.val_fraction`` of each dataset's documents is the
+    validation split, as Megatron's ``split`` puts validation after training."""
+
+    def opened(entries, key):
+        try:
+            prefixes, weights = megatron.parse_blend(entries)
+            return [megatron.open_indexed(p) for p in prefixes], weights
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
+
+    train_sets, weights = opened(data_cfg.paths, "data.paths")
+    parts = {"train": [], "val": []}  # (name, tokens, document starts) per dataset
+    for dataset in train_sets:
+        starts, docs = dataset.document_starts, dataset.documents
+        held = 0
+        if not data_cfg.val_paths and data_cfg.val_fraction > 0 and docs >= 2:
+            held = max(1, round(data_cfg.val_fraction * docs))
+        cut = int(starts[docs - held])
+        parts["train"].append((dataset.prefix, dataset.tokens[:cut], starts[:docs - held + 1]))
+        if held:
+            parts["val"].append((dataset.prefix, dataset.tokens[cut:], starts[docs - held:] - cut))
+    val_weights = weights
+    if data_cfg.val_paths:
+        val_sets, val_weights = opened(data_cfg.val_paths, "data.val_paths")
+        parts["val"] = [(d.prefix, d.tokens, d.document_starts) for d in val_sets]
+
+    def packed(entries):
+        return PackedSequences([e[1] for e in entries], data_cfg.seq_len, tokenizer.bos_id,
+                               vocab_size, [e[0] for e in entries], rules, [e[2] for e in entries])
+
+    def source(entries, blend_weights, key):
+        if blend_weights is None:
+            return packed(entries)
+        sources = [packed([e]) for e in entries]
+        empty = [e[0] for e, s in zip(entries, sources) if len(s) == 0]
+        if empty:
+            raise UserError(f"{key}: blended dataset {empty[0]!r} holds fewer than one sequence "
+                            f"of data.seq_len + 1 = {data_cfg.seq_len + 1} tokens")
+        return BlendedSequences(sources, blend_weights, seed)
+
+    train = source(parts["train"], weights, "data.paths")
+    tokens = int(sum(len(e[1]) for e in parts["train"]))
+    if len(train) == 0:
+        raise UserError(f"data.paths: the Megatron datasets hold {tokens:,} training tokens, fewer "
+                        f"than one sequence of data.seq_len + 1 = {data_cfg.seq_len + 1}")
+    val = None
+    # Held-out documents too short for a sequence (a tiny data.val_fraction) mean no validation,
+    # as for the other sources; named data.val_paths must each hold one.
+    if parts["val"] and (data_cfg.val_paths or val_weights is None
+                         or all(len(e[1]) > data_cfg.seq_len for e in parts["val"])):
+        val = source(parts["val"], val_weights, "data.val_paths")
+        if len(val) == 0:
+            val = None
+    blend = "" if weights is None else " blended " + ", ".join(
+        f"{w:.3g}" for w in weights)
+    return Splits(train, val, f"{len(train_sets)} Megatron dataset(s){blend}: {tokens:,} "
+                              f"training tokens, {0 if val is None else len(val):,} validation "
+                              "sequences")
 
 
 def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | None:

@@ -17,6 +17,7 @@ import numpy as np
 
 META = "meta.json"
 SHARD_SUFFIXES = (".npy", ".bin")
+FORMATS = ("npy", "bin", "megatron")  # what ShardWriter writes
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -27,31 +28,52 @@ def token_dtype(vocab_size: int) -> np.dtype:
 class ShardWriter:
     """Streams documents into ``<prefix>_00000.<fmt>``, ``<prefix>_00001.<fmt>``, ...
 
-    Tokens go to a raw file as they come, so memory stays at one document; a ``.npy``
-    shard is finished by copying the raw file under a header, since its length is known
-    only at the end.
+    Tokens go to a raw file as they come, so memory stays at one batch of documents; a
+    ``.npy`` shard is finished by copying the raw file under a header, since its length is
+    known only at the end. Format ``megatron`` keeps the raw file as Megatron's ``.bin`` and
+    writes its ``.idx`` beside it (lp_jax/data/megatron.py); its shards are named by prefix.
     """
 
     def __init__(self, out_dir: pathlib.Path, prefix: str, dtype: np.dtype,
                  shard_tokens: int, fmt: str = "npy"):
-        if fmt not in ("npy", "bin"):
-            raise ValueError(f"shard format {fmt!r} is not one of npy, bin")
-        self.out_dir, self.prefix, self.dtype = out_dir, prefix, np.dtype(dtype)
+        if fmt not in FORMATS:
+            raise ValueError(f"shard format {fmt!r} is not one of {', '.join(FORMATS)}")
+        self.out_dir, self.prefix, self.dtype = pathlib.Path(out_dir), prefix, np.dtype(dtype)
         self.shard_tokens, self.fmt = shard_tokens, fmt
         self.paths: list[str] = []
         self.total_tokens = 0
+        self.total_documents = 0
         self._file = None
         self._count = 0
+        self._lengths: list[np.ndarray] = []  # document lengths of the open shard
 
     def write(self, ids: np.ndarray) -> None:
-        if self._file is None:
-            raw = self.out_dir / f"{self.prefix}_{len(self.paths):05d}.bin"
-            self._file, self._raw, self._count = open(raw, "wb"), raw, 0
-        self._file.write(np.asarray(ids).astype(self.dtype, copy=False).tobytes())
-        self._count += len(ids)
-        self.total_tokens += len(ids)
-        if self._count >= self.shard_tokens:  # documents are never split across shards
-            self._close_shard()
+        """One document."""
+        ids = np.asarray(ids)
+        self.write_documents(ids, np.array([len(ids)], np.int64))
+
+    def write_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Documents laid end to end in ``tokens``, ``lengths[i]`` tokens each. A shard is
+        closed after the document that brings it to ``shard_tokens``: no document is split."""
+        lengths = np.asarray(lengths, np.int64)
+        ends = np.cumsum(lengths)
+        first, base = 0, 0
+        while first < len(lengths):
+            if self._file is None:
+                raw = self.out_dir / f"{self.prefix}_{len(self.paths):05d}.bin"
+                self._file, self._raw, self._count = open(raw, "wb"), raw, 0
+            # The first document of the rest whose end fills the shard closes it.
+            full = np.searchsorted(ends[first:] - base, self.shard_tokens - self._count)
+            last = min(first + int(full), len(lengths) - 1)
+            end = int(ends[last])
+            self._file.write(np.asarray(tokens[base:end]).astype(self.dtype, copy=False).tobytes())
+            self._lengths.append(lengths[first:last + 1])
+            self._count += end - base
+            self.total_tokens += end - base
+            self.total_documents += last + 1 - first
+            first, base = last + 1, end
+            if self._count >= self.shard_tokens:
+                self._close_shard()
 
     def close(self) -> list[str]:
         if self._file is not None:
@@ -72,16 +94,34 @@ class ShardWriter:
             out.flush()
             del out, raw
             os.remove(self._raw)
+        elif self.fmt == "megatron":
+            from lp_jax.data import megatron
+
+            megatron.write_index(self._raw.with_suffix(".idx"), self.dtype,
+                                 np.concatenate(self._lengths))
+            path = self._raw.with_suffix("")  # Megatron names a dataset by its prefix
+        self._lengths = []
         self.paths.append(path.name)
 
 
-def write_meta(out_dir: pathlib.Path, meta: dict) -> None:
-    (out_dir / META).write_text(json.dumps(meta, indent=1, sort_keys=True))
+def write_meta(out_dir: pathlib.Path, meta: dict, name: str = META) -> None:
+    """Written under a temporary name and renamed: a reader finds the whole file or none."""
+    write_json_atomically(pathlib.Path(out_dir) / name, meta)
+
+
+def write_json_atomically(path: pathlib.Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def read_meta(shard_path: str | pathlib.Path) -> dict | None:
-    meta = pathlib.Path(shard_path).parent / META
-    return json.loads(meta.read_text()) if meta.is_file() else None
+    """The meta.json beside a shard (or the part.json of a prepare_data --workers part)."""
+    folder = pathlib.Path(shard_path).parent
+    for name in (META, "part.json"):
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text())
+    return None
 
 
 def expand_globs(patterns: Iterable[str]) -> list[str]:

@@ -17,7 +17,7 @@ import lp_jax
 from lp_jax.config.recipe_options import split_overrides
 from lp_jax.config.schema import MOCK_SOURCES, TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
 from lp_jax.config.yaml_io import from_dict
-from lp_jax.data import shards
+from lp_jax.data import megatron, shards
 from lp_jax.data.prepare_data import split_by_file, text_files
 from lp_jax.data.tokenizers import Tokenizer
 from lp_jax.errors import UserError, one_line
@@ -32,7 +32,7 @@ from lp_jax.runs.writable import write_problem
 from models.config import SHAPE_FIELDS, LlamaConfig
 from models.files import folder_problem
 
-SOURCES = ("text", "tokens", *MOCK_SOURCES)
+SOURCES = ("text", "tokens", "megatron", *MOCK_SOURCES)
 DECAYS = ("cosine", "linear", "constant")
 ON_NONFINITE = ("skip", "stop")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -277,6 +277,8 @@ def _check_data(c: TrainConfig) -> None:
                         split_by_file(files, root, d.val_fraction)  # one file cannot be split
                 except ValueError as e:
                     raise UserError(f"{key}: {e}") from None
+    elif d.source == "megatron":
+        _check_megatron_data(d)
     elif d.source == "tokens":
         if not d.paths:
             raise UserError("data.paths is empty: data.source=tokens needs token shard globs "
@@ -294,6 +296,28 @@ def _check_data(c: TrainConfig) -> None:
                     raise UserError(f"{key}: shards in {os.path.dirname(f)!r} were made with "
                                     f"tokenizer {meta.get('tokenizer')!r}, but data.tokenizer "
                                     f"is {d.tokenizer!r}")
+
+
+def _check_megatron_data(d) -> None:
+    """data.source=megatron: prefixes (or a blend) that open as matching .idx/.bin pairs,
+    made with data.tokenizer when prepare_data's meta.json is beside them."""
+    if not d.paths:
+        raise UserError("data.paths is empty: data.source=megatron needs dataset prefixes "
+                        "(path/to/name for name.bin and name.idx) or a blend [w1, prefix1, ...]")
+    for key, entries in (("data.paths", d.paths), ("data.val_paths", d.val_paths)):
+        if not entries:
+            continue
+        try:
+            prefixes, _ = megatron.parse_blend(entries)
+            for prefix in prefixes:
+                megatron.open_indexed(prefix)
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
+        for prefix in prefixes:
+            meta = shards.read_meta(prefix)
+            if meta and meta.get("tokenizer") != d.tokenizer:
+                raise UserError(f"{key}: {prefix!r} was made with tokenizer "
+                                f"{meta.get('tokenizer')!r}, but data.tokenizer is {d.tokenizer!r}")
 
 
 def _check_run_folders(c: TrainConfig) -> None:

@@ -131,7 +131,7 @@ def test_bad_yaml_files(tmp_path):
     ("steps=abc", "must be an integer"),
     ("steps=0", "steps=0 is invalid"),
     ("stop_at=99999", "stop_at=99999 is invalid"),
-    ("data.source=web", "data.source='web' is invalid: choose one of text, tokens, mock"),
+    ("data.source=web", "data.source='web' is invalid: choose one of text, tokens, megatron, mock"),
     ("optimizer.on_nonfinite=ignore", "choose one of skip, stop"),
     ("schedule.decay=step", "choose one of cosine, linear, constant"),
     ("schedule.decay_steps=0", "schedule.decay_steps=0 is invalid"),
