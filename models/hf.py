@@ -40,7 +40,7 @@ from models.moe import Qwen3MoE
 from models.orbax_quiet import SaveThreadErrorsHushed, failed_writes_hushed
 
 __all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "check_tensors", "read_params",
-           "model_class", "save_state_checkpoint", "load_state_checkpoint"]
+           "model_class", "check_exportable", "save_state_checkpoint", "load_state_checkpoint"]
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # safetensors dtype codes this converter reads and writes; anything else (F8, I8, F64, ...)
@@ -212,7 +212,7 @@ def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
     """The model's parameters as HF-named numpy arrays in `dtype` (default: param_dtype)."""
     cfg = exported_config(model)
     dt = _check_dtype(cfg.param_dtype if dtype is None else dtype, "export dtype")
-    config_to_hf(cfg, dt.name)  # HFError now for a model no HF architecture here describes
+    check_exportable(model)
     flat = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     flat = split_experts(flat, cfg)  # before the fused projections: the MoE's gate_up stays whole
     if cfg.fused_projections:
@@ -235,6 +235,12 @@ def exported_config(model) -> LlamaConfig:
     num_experts says (model.type=llama builds the dense MLP and ignores the field)."""
     cfg = model.config
     return cfg if isinstance(model, Qwen3MoE) else cfg.replace(num_experts=0)
+
+
+def check_exportable(model) -> None:
+    """HFError (one line) for a model that no Hugging Face architecture here describes (an
+    MoE without QK-norm, a Llama with it)."""
+    config_to_hf(exported_config(model), "float32")
 
 
 def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
