@@ -239,15 +239,16 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
 
 
 # LlamaConfig fields that fix the parameters (their shapes, tying, the QK-norm scales and
-# the experts): a checkpoint or a set of weights decides them; the others (remat, scan, attention kernel, dtypes, RoPE base, ...)
-# may differ between runs that share weights. fused_projections is not among them: weights
-# of either layout convert exactly to the other (models.fused_projections).
+# the experts): a checkpoint or a set of weights decides them; the others (remat, scan,
+# attention kernel, dtypes, RoPE base, ...) may differ between runs that share weights.
+# fused_projections is not among them: weights of either layout convert exactly to the
+# other (models.fused_projections).
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                 "num_kv_heads", "head_dim", "tie_embeddings", "qk_norm", "num_experts",
                 "moe_ffn_hidden_size")
 # The fields that make a model compute what it computes (its shapes, RoPE, norm, context
-# length, layer layout and routing): what a reader of saved weights rebuilds. Remat, the attention
-# kernel and the dtypes are choices of the program that runs it.
+# length, layer layout and routing): what a reader of saved weights rebuilds. Remat, the
+# attention kernel and the dtypes are choices of the program that runs it.
 ARCHITECTURE_FIELDS = SHAPE_FIELDS + ("rope_theta", "rope_scaling", "rms_norm_eps", "max_seq_len",
                                       "scan_layers", "fused_projections", "moe_router_topk",
                                       "norm_topk_prob")

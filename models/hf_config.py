@@ -74,7 +74,8 @@ def config_from_hf(d: dict[str, Any], *, dtype, param_dtype) -> LlamaConfig:
     act = d.get("hidden_act", "silu")
     _require(act == "silu", f"unsupported hidden_act {act!r} in config.json; supported: 'silu'")
     for flag in ("attention_bias", "mlp_bias"):
-        _require(not d.get(flag, False), f"unsupported {flag}=true in config.json; lp_jax's models have no biases")
+        _require(not d.get(flag, False),
+                 f"unsupported {flag}=true in config.json; lp_jax's models have no biases")
     missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                            "num_attention_heads") if k not in d]
     _require(not missing, f"config.json lacks {missing}")

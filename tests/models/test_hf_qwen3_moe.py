@@ -28,6 +28,7 @@ from tests.models.test_model_registry import tiny
 F32 = os.path.join(FIXTURES, "qwen3_moe_tiny_f32")  # norm_topk_prob true, untied, one file
 BF16 = os.path.join(FIXTURES, "qwen3_moe_tiny_bf16_sharded")  # false, tied, head_dim 16, 2 shards
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REFERENCE = os.path.join(REPO, "scripts", "qwen3_moe_reference.py")  # runs under a Python with torch
 # Measured: 1.3e-6 (F32) and 1.1e-5 (BF16, logits up to 34) against transformers, about
 # 3.5e-7 of the largest logit; the bound leaves room for another CPU's FP32 sums.
 PARITY = 1e-5
@@ -99,7 +100,8 @@ def test_expert_weights_land_in_the_grouped_kernels():
         np.testing.assert_array_equal(gate_up[e, :, :16], tensors[hf_name + "gate_proj.weight"].T)
         np.testing.assert_array_equal(gate_up[e, :, 16:], tensors[hf_name + "up_proj.weight"].T)
         np.testing.assert_array_equal(down[e], tensors[hf_name + "down_proj.weight"].T)
-    np.testing.assert_array_equal(np.asarray(layer.router.kernel[...]), tensors["model.layers.1.mlp.gate.weight"].T)
+    router = np.asarray(layer.router.kernel[...])
+    np.testing.assert_array_equal(router, tensors["model.layers.1.mlp.gate.weight"].T)
 
 
 def test_round_trips_are_bit_for_bit_and_config_json_is_transformers(tmp_path):
@@ -113,12 +115,14 @@ def test_round_trips_are_bit_for_bit_and_config_json_is_transformers(tmp_path):
     index = json.load(open(tmp_path / "bf16" / "model.safetensors.index.json"))
     assert len(set(index["weight_map"].values())) > 1
     for folder, out in ((F32, tmp_path / "f32"), (BF16, tmp_path / "bf16")):
-        written, ours = json.load(open(os.path.join(folder, "config.json"))), json.load(open(out / "config.json"))
+        written = json.load(open(os.path.join(folder, "config.json")))
+        ours = json.load(open(out / "config.json"))
         # Every key transformers 4.57 wrote, with its value, but its metadata and token ids
         # (which save_hf takes as extra_config); beyond them only RoPE and the dtype as
         # transformers 5.x names them.
         metadata = {"transformers_version", "use_cache", "bos_token_id", "eos_token_id"}
-        assert {k: ours[k] for k in set(written) - metadata} == {k: written[k] for k in set(written) - metadata}
+        kept = set(written) - metadata
+        assert {k: ours[k] for k in kept} == {k: written[k] for k in kept}
         assert set(ours) - set(written) == {"rope_parameters", "torch_dtype"}
         cfg = config_from_hf(ours, dtype=jnp.float32, param_dtype=jnp.float32)
         assert cfg == config_from_hf(written, dtype=jnp.float32, param_dtype=jnp.float32)
@@ -126,7 +130,8 @@ def test_round_trips_are_bit_for_bit_and_config_json_is_transformers(tmp_path):
 
 def test_config_maps_to_lp_jax_fields_and_qwen3_30b_a3b_round_trips():
     written = json.load(open(os.path.join(F32, "config.json")))
-    cfg = config_from_hf({**written, "router_aux_loss_coef": 0.02}, dtype=jnp.float32, param_dtype=jnp.float32)
+    cfg = config_from_hf({**written, "router_aux_loss_coef": 0.02}, dtype=jnp.float32,
+                         param_dtype=jnp.float32)
     assert (cfg.qk_norm, cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size,
             cfg.norm_topk_prob, cfg.moe_aux_loss_coeff) == (True, 4, 2, 16, True, 0.02)
     assert cfg.intermediate_size == 64 and cfg.rope_theta == 1e6 and cfg.rms_norm_eps == 1e-6
@@ -162,7 +167,8 @@ def _edit_config(folder, **changes):
 
 
 def _rewrite(folder, fn):
-    save_file(fn(load_file(folder / "model.safetensors")), folder / "model.safetensors", metadata={"format": "pt"})
+    file = folder / "model.safetensors"
+    save_file(fn(load_file(file)), file, metadata={"format": "pt"})
 
 
 def _drop(name):
@@ -193,8 +199,10 @@ def _drop(name):
      r"implies \(8, 32\)"),
     (_drop("model.layers.1.mlp.experts.3.up_proj.weight"),
      r"missing tensor model\.layers\.1\.mlp\.experts\.3\.up_proj\.weight"),
-    (_drop("model.layers.0.self_attn.k_norm.weight"), r"missing tensor model\.layers\.0\.self_attn\.k_norm\.weight"),
-    (lambda d: _rewrite(d, lambda t: {**t, "model.layers.0.mlp.shared_expert.up_proj.weight": np.zeros((8, 32), np.float32)}),
+    (_drop("model.layers.0.self_attn.k_norm.weight"),
+     r"missing tensor model\.layers\.0\.self_attn\.k_norm\.weight"),
+    (lambda d: _rewrite(d, lambda t: {**t, "model.layers.0.mlp.shared_expert.up_proj.weight":
+                                      np.zeros((8, 32), np.float32)}),
      r"unexpected tensor model\.layers\.0\.mlp\.shared_expert\.up_proj\.weight in .* \(not a weight of a "
      r"Qwen3MoeForCausalLM with this config\.json; 1 in all\)"),
 ])
@@ -209,10 +217,12 @@ def test_bad_input_gives_one_line_error(tmp_path, breakage, message):
 def test_models_without_an_hf_architecture_are_refused(tmp_path):
     # Refused before any parameter is read: abstract models do.
     no_qk = nnx.eval_shape(lambda: moe.Qwen3MoE(moe.preset("tiny", num_layers=1), rngs=nnx.Rngs(0)))
-    with pytest.raises(HFError, match=r"^a model with no QK-norm and experts has no Hugging Face architecture "
-                                      r"here: Qwen3MoeForCausalLM norms q and k \(model.qk_norm=true\)$"):
+    with pytest.raises(HFError, match=r"^a model with no QK-norm and experts has no Hugging Face "
+                                      r"architecture here: Qwen3MoeForCausalLM norms q and k "
+                                      r"\(model.qk_norm=true\)$"):
         hf.save_hf(no_qk, tmp_path / "a")
-    normed = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=1, qk_norm=True), rngs=nnx.Rngs(0)))
+    normed = nnx.eval_shape(lambda: llama.Llama(llama.preset("tiny", num_layers=1, qk_norm=True),
+                                                rngs=nnx.Rngs(0)))
     with pytest.raises(HFError, match=r"^a model with QK-norm and no experts has no Hugging Face"):
         hf.save_hf(normed, tmp_path / "b")
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
@@ -239,7 +249,8 @@ def _moe_folder(tmp_path, vocab_size=384):
 
 def test_init_hf_takes_a_qwen3_moe_folder_for_model_type_moe(tmp_path, token_cache):
     folder, cfg = _moe_folder(tmp_path)
-    plan = resolve(tiny(tmp_path / "run", token_cache, "model.type=moe", f"init.hf={folder}"), check_files=False)
+    plan = resolve(tiny(tmp_path / "run", token_cache, "model.type=moe", f"init.hf={folder}"),
+                   check_files=False)
     assert plan.model_config == cfg.replace(dtype=plan.model_config.dtype)
     for overrides, message in [
         ([f"init.hf={folder}"], f"init.hf={folder}: the folder holds a Qwen3MoeForCausalLM, which "
@@ -283,9 +294,9 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, norm_topk_p
     hf.save_hf(model, tmp_path / "hf", max_shard_size="40KB")
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 20)).astype(np.int32)
     save_file({"tokens": tokens}, tmp_path / "tokens.safetensors")
-    done = subprocess.run([os.environ["LP_JAX_TORCH_PYTHON"], os.path.join(REPO, "scripts", "qwen3_moe_reference.py"),
-                           "logits", str(tmp_path / "hf"), str(tmp_path / "tokens.safetensors"),
-                           str(tmp_path / "out.safetensors")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([os.environ["LP_JAX_TORCH_PYTHON"], REFERENCE, "logits", str(tmp_path / "hf"),
+                           str(tmp_path / "tokens.safetensors"), str(tmp_path / "out.safetensors")],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     print(done.stdout, file=sys.stderr)
     assert "Qwen3MoeForCausalLM" in done.stdout
@@ -296,5 +307,6 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, norm_topk_p
     theirs, ours = load_file(tmp_path / "out.safetensors")["logits"], _logits(model, tokens)
     error = np.abs(theirs - ours).max() / np.abs(theirs).max()
     print(f"norm_topk_prob={norm_topk_prob} tie={tie}: |logits| max {np.abs(theirs).max():.3f}, "
-          f"max |lp_jax - transformers| {np.abs(theirs - ours).max():.3g} ({error:.3g} of it)", file=sys.stderr)
+          f"max |lp_jax - transformers| {np.abs(theirs - ours).max():.3g} ({error:.3g} of it)",
+          file=sys.stderr)
     assert np.abs(theirs).max() > 1.0 and error < PARITY
