@@ -95,8 +95,8 @@ class ModelFamily(Protocol):
         return model_config.flops_per_token(config, seq_len)
 
     #: Whether ``init.hf`` and ``python -m lp_jax.export`` can convert this family's weights
-    #: from and to a Hugging Face Llama checkpoint (``models.hf``). Default: False, and those
-    #: keys are refused for the family with one line.
+    #: from and to a Hugging Face checkpoint (``models.hf``: a Llama one, a Qwen3-MoE one for
+    #: ``moe``). Default: False, and those keys are refused for the family with one line.
     hf_checkpoints: bool = False
 
 
@@ -110,7 +110,10 @@ class LlamaFamily(ModelFamily):
 
 
 class MoEFamily(ModelFamily):
-    """The Qwen3-MoE-style mixture of experts (models.moe): ``model.type=moe``."""
+    """The Qwen3-MoE-style mixture of experts (models.moe): ``model.type=moe``. Its Hugging
+    Face checkpoints are Qwen3MoeForCausalLM folders, which need ``model.qk_norm``."""
+
+    hf_checkpoints = True
 
     def build(self, config: model_config.LlamaConfig, rngs: nnx.Rngs):
         from models.moe import Qwen3MoE

@@ -129,6 +129,9 @@ class LlamaConfig:
     # layout instead of five (models.fused_projections): one GEMM, and in a quantized recipe
     # one set of scales, each. The weights convert exactly between the two layouts.
     fused_projections: bool = False
+    # Qwen3's QK-norm: an RMSNorm over head_dim (scale [head_dim], shared by the heads) on
+    # each query and key head, after the projections and before RoPE (models.layers.Attention).
+    qk_norm: bool = False
     # Mixture of experts (model.type=moe, models.moe; Megatron's names where it has them):
     # the experts per layer (0: the dense MLP), how many each token reaches, each expert's
     # SwiGLU width (0: intermediate_size), whether the top-k probabilities are renormalized
@@ -164,7 +167,7 @@ class LlamaConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        for name in ("recompute_mlp_product", "fused_projections", "norm_topk_prob"):
+        for name in ("recompute_mlp_product", "fused_projections", "qk_norm", "norm_topk_prob"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
@@ -226,6 +229,7 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
     head stays: it is a matmul)."""
     d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     per_layer = d * q + 2 * d * kv + q * d + 3 * d * cfg.intermediate_size + 2 * d
+    per_layer += 2 * cfg.head_dim if cfg.qk_norm else 0
     head = 0 if cfg.tie_embeddings else cfg.vocab_size * d
     embed = cfg.vocab_size * d
     total = cfg.num_layers * per_layer + d + head + embed
@@ -234,17 +238,20 @@ def count_params(cfg: LlamaConfig, *, embedding: bool = True) -> int:
     return total
 
 
-# LlamaConfig fields that fix the parameters' shapes (and tying): a checkpoint or a set of
-# weights decides them; the others (remat, scan, attention kernel, dtypes, RoPE base, ...)
-# may differ between runs that share weights. fused_projections is not among them: weights
-# of either layout convert exactly to the other (models.fused_projections).
+# LlamaConfig fields that fix the parameters (their shapes, tying, the QK-norm scales and
+# the experts): a checkpoint or a set of weights decides them; the others (remat, scan,
+# attention kernel, dtypes, RoPE base, ...) may differ between runs that share weights.
+# fused_projections is not among them: weights of either layout convert exactly to the
+# other (models.fused_projections).
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                "num_kv_heads", "head_dim", "tie_embeddings")
+                "num_kv_heads", "head_dim", "tie_embeddings", "qk_norm", "num_experts",
+                "moe_ffn_hidden_size")
 # The fields that make a model compute what it computes (its shapes, RoPE, norm, context
-# length and layer layout): what a reader of saved weights rebuilds. Remat, the attention
-# kernel and the dtypes are choices of the program that runs it.
+# length, layer layout and routing): what a reader of saved weights rebuilds. Remat, the
+# attention kernel and the dtypes are choices of the program that runs it.
 ARCHITECTURE_FIELDS = SHAPE_FIELDS + ("rope_theta", "rope_scaling", "rms_norm_eps", "max_seq_len",
-                                      "scan_layers", "fused_projections")
+                                      "scan_layers", "fused_projections", "moe_router_topk",
+                                      "norm_topk_prob")
 
 
 def architecture(cfg: LlamaConfig, **choices) -> LlamaConfig:

@@ -1,7 +1,11 @@
-"""Hugging Face Llama folders <-> the NNX Llama, and <-> a plain Orbax checkpoint of its state.
+"""Hugging Face Llama and Qwen3-MoE folders <-> the NNX Llama and MoE (models.moe), and <->
+a plain Orbax checkpoint of their state.
 
     model = load_hf("path/to/Llama-3.2-1B", dtype=jnp.bfloat16)   # logits computed in dtype
     save_hf(model, "out/")                                         # config.json + safetensors
+
+A `qwen3_moe` folder (Qwen3MoeForCausalLM) loads as models.moe.Qwen3MoE, whose call returns
+(logits, extras); its experts' weights are converted by models.hf_experts.
 
 A folder is `config.json` (transformers 4.x or 5.x style) plus `model.safetensors` or a sharded
 `model.safetensors.index.json`. Tensors are read and written with `safetensors` only (never
@@ -28,17 +32,29 @@ from safetensors.numpy import save_file
 from models.config import COMPUTE_DTYPES, LlamaConfig, config_from_dict, config_to_dict
 from models.files import file_mode, read_json_object
 from models.fused_projections import fuse_flat, separate_flat
-from models.hf_config import IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf, config_to_hf, tensor_map
+from models.hf_config import (ARCHITECTURES, IGNORED_TENSOR_SUFFIXES, HFError, config_from_hf,
+                              config_to_hf, tensor_map)
+from models.hf_experts import expert_shape, is_expert_path, join_experts, split_experts
 from models.llama import Llama
+from models.moe import Qwen3MoE
 from models.orbax_quiet import SaveThreadErrorsHushed, failed_writes_hushed
 
 __all__ = ["HFError", "load_hf", "save_hf", "read_hf_config", "check_tensors", "read_params",
-           "save_state_checkpoint", "load_state_checkpoint"]
+           "model_class", "check_exportable", "save_state_checkpoint", "load_state_checkpoint"]
 
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 # safetensors dtype codes this converter reads and writes; anything else (F8, I8, F64, ...)
 # is refused rather than silently rounded.
 _READABLE = {"F32": np.float32, "BF16": jnp.bfloat16, "F16": np.float16}
+
+
+def model_class(cfg: LlamaConfig) -> type:
+    """The model a converted config builds: the MoE family's with experts, else the Llama."""
+    return Qwen3MoE if cfg.num_experts else Llama
+
+
+def _architecture(cfg: LlamaConfig) -> str:
+    return ARCHITECTURES["qwen3_moe" if cfg.num_experts else "llama"]
 
 
 def _check_dtype(dtype, what: str):
@@ -93,7 +109,7 @@ def check_tensors(path: str, cfg: LlamaConfig) -> dict[str, str]:
                   and not (cfg.tie_embeddings and n == "lm_head.weight")]  # tied: HF ignores it too
     if unexpected:
         raise HFError(f"unexpected tensor {unexpected[0]} in {path} (not a weight of a "
-                      f"LlamaForCausalLM with this config.json; {len(unexpected)} in all)")
+                      f"{_architecture(cfg)} with this config.json; {len(unexpected)} in all)")
     missing = [n for n in expected if n not in files]
     if missing:
         raise HFError(f"missing tensor {missing[0]} in {path} ({len(missing)} missing in all)")
@@ -130,22 +146,28 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
 
 
 def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    # Hugging Face keeps q/k/v and gate/up apart: the shapes are those of the separate layout.
+    # Hugging Face keeps q/k/v, gate/up and the experts apart: the shapes are those of the
+    # separate layout.
     separate = cfg.replace(fused_projections=False)
-    abstract = nnx.eval_shape(lambda: Llama(separate, rngs=nnx.Rngs(0)))
-    flat = dict(nnx.to_flat_state(nnx.state(abstract)))
-    return {name: tuple(reversed(flat[p].shape)) if t else tuple(flat[p].shape)
-            for name, p, t in tensor_map(cfg)}
+    abstract = nnx.eval_shape(lambda: model_class(separate)(separate, rngs=nnx.Rngs(0)))
+    flat = {p: tuple(v.shape) for p, v in nnx.to_flat_state(nnx.state(abstract))}
+    shapes = {}
+    for name, p, transpose in tensor_map(cfg):
+        shape = expert_shape(p, cfg) if is_expert_path(p) else flat[p]
+        shapes[name] = tuple(reversed(shape)) if transpose else shape
+    return shapes
 
 
 def param_arrays(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> dict[tuple, np.ndarray]:
     """HF tensors as host arrays keyed by our parameter paths ([in, out] kernels), in
     cfg.param_dtype; the trainer places these on its mesh without a copy on one device.
-    With cfg.fused_projections, q/k/v and gate/up are joined in Megatron's layout."""
+    Experts are stacked into the MoE's grouped kernels (models.hf_experts); with
+    cfg.fused_projections, q/k/v and gate/up are joined in Megatron's layout."""
     out = {}
     for name, p, transpose in tensor_map(cfg):
         array = tensors[name].T if transpose else tensors[name]
         out[p] = array.astype(cfg.param_dtype)
+    out = join_experts(out, cfg)
     return fuse_flat(out, cfg) if cfg.fused_projections else out
 
 
@@ -156,7 +178,7 @@ def read_params(path: str, cfg: LlamaConfig) -> dict[tuple, np.ndarray]:
 
 def model_from_tensors(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> Llama:
     """Builds the model directly from HF tensors (no random init of the full model)."""
-    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     flat = {p: jnp.asarray(a) for p, a in param_arrays(cfg, tensors).items()}
     nnx.replace_by_pure_dict(state, traversals.unflatten_mapping(flat))
@@ -165,9 +187,10 @@ def model_from_tensors(cfg: LlamaConfig, tensors: dict[str, np.ndarray]) -> Llam
 
 def load_hf(path: str, dtype=jnp.bfloat16, *, param_dtype=jnp.float32,
             fused_projections: bool = False) -> Llama:
-    """The model of an HF Llama folder; its call computes in `dtype`, its parameters are kept
-    in `param_dtype` (float32 master weights by default; BF16 or F16 files widen exactly);
-    `fused_projections` joins q/k/v and gate/up (models.fused_projections)."""
+    """The model of an HF Llama or Qwen3-MoE folder (models.llama.Llama or models.moe.Qwen3MoE);
+    its call computes in `dtype`, its parameters are kept in `param_dtype` (float32 master
+    weights by default; BF16 or F16 files widen exactly); `fused_projections` joins q/k/v
+    (and a Llama's gate/up: models.fused_projections)."""
     dtype, param_dtype = _check_dtype(dtype, "dtype"), _check_dtype(param_dtype, "param_dtype")
     cfg = config_from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype)
     cfg = cfg.replace(fused_projections=fused_projections)
@@ -187,9 +210,11 @@ def _parse_size(size) -> int:
 
 def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
     """The model's parameters as HF-named numpy arrays in `dtype` (default: param_dtype)."""
-    cfg = model.config
+    cfg = exported_config(model)
     dt = _check_dtype(cfg.param_dtype if dtype is None else dtype, "export dtype")
+    check_exportable(model)
     flat = {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    flat = split_experts(flat, cfg)  # before the fused projections: the MoE's gate_up stays whole
     if cfg.fused_projections:
         flat = separate_flat(flat, cfg)
     out = {}
@@ -205,11 +230,25 @@ def hf_tensors(model: Llama, dtype=None) -> dict[str, np.ndarray]:
     return out
 
 
+def exported_config(model) -> LlamaConfig:
+    """The model's config as exported: a dense Llama's with no experts, whatever its
+    num_experts says (model.type=llama builds the dense MLP and ignores the field)."""
+    cfg = model.config
+    return cfg if isinstance(model, Qwen3MoE) else cfg.replace(num_experts=0)
+
+
+def check_exportable(model) -> None:
+    """HFError (one line) for a model that no Hugging Face architecture here describes (an
+    MoE without QK-norm, a Llama with it)."""
+    config_to_hf(exported_config(model), "float32")
+
+
 def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
             extra_config: dict | None = None) -> None:
     """Writes config.json and model.safetensors (or shards plus model.safetensors.index.json
-    when larger than max_shard_size) so that transformers' LlamaForCausalLM loads the folder.
-    `extra_config` keys (bos/eos token ids, ...) are added to config.json."""
+    when larger than max_shard_size) so that transformers' LlamaForCausalLM (a Qwen3MoE:
+    Qwen3MoeForCausalLM) loads the folder. `extra_config` keys (bos/eos token ids, ...) are
+    added to config.json."""
     tensors = hf_tensors(model, dtype)
     dt_name = next(iter(tensors.values())).dtype.name
     os.makedirs(path, exist_ok=True)
@@ -238,7 +277,7 @@ def save_hf(model: Llama, path: str, *, dtype=None, max_shard_size="5GB",
                  "weight_map": weight_map}
         with open(os.path.join(path, INDEX_FILE), "w") as f:
             json.dump(index, f, indent=2)
-    config = {**(extra_config or {}), **config_to_hf(model.config, dt_name)}
+    config = {**(extra_config or {}), **config_to_hf(exported_config(model), dt_name)}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
 
@@ -283,7 +322,7 @@ def load_state_checkpoint(ckpt_dir: str, cfg: LlamaConfig | None = None) -> Llam
             raise HFError(f"{config_path} does not describe a model: {' '.join(str(e).split())}") from None
     if not os.path.isdir(state_dir):
         state_dir = ckpt_dir
-    abstract = nnx.eval_shape(lambda: Llama(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
     graphdef, target = nnx.split(abstract)
     try:
         with ocp.StandardCheckpointer() as ckptr:

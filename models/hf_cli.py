@@ -22,12 +22,13 @@ from models.hf_config import HFError
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m models.hf", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    imp = sub.add_parser("import", help="HF Llama folder -> Orbax checkpoint of nnx.state(model)")
+    imp = sub.add_parser("import", help="HF Llama or Qwen3-MoE folder -> Orbax checkpoint of "
+                         "nnx.state(model)")
     imp.add_argument("hf_dir")
     imp.add_argument("ckpt_dir", help="new folder: state/, llama_config.json, hf_config.json")
     imp.add_argument("--param-dtype", default="float32", help="master weight dtype (float32)")
     imp.add_argument("--dtype", default="bfloat16", help="compute dtype recorded in the config")
-    exp = sub.add_parser("export", help="Orbax state checkpoint -> HF Llama folder")
+    exp = sub.add_parser("export", help="Orbax state checkpoint -> HF Llama or Qwen3-MoE folder")
     exp.add_argument("ckpt_dir", help="a state checkpoint written by import")
     exp.add_argument("hf_dir")
     exp.add_argument("--dtype", default=None, help="tensor dtype in the HF files (default: the "

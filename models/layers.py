@@ -123,6 +123,9 @@ class Attention(nnx.Module):
             self.k_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
             self.v_proj = _linear(cfg, rngs, d, kv, cfg.init_std)
         self.o_proj = _linear(cfg, rngs, q, d, output_init_std(cfg))
+        if cfg.qk_norm:  # Qwen3: one scale per head_dim entry, shared by all heads
+            self.q_norm = RMSNorm(cfg.head_dim, cfg)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg)
 
     def __call__(self, x_BxTxD, rope, mask_BxTxS, segment_ids_BxL=None, cache=None, cache_index=None):
         """Returns the output [B, T, D]; with a KV cache ((k, v), each [B, S, K, H]), returns
@@ -138,6 +141,8 @@ class Attention(nnx.Module):
         q = constrain(q, ("batch", "sequence", "heads", "head_dim"))
         k = constrain(k, ("batch", "sequence", "kv_heads", "head_dim"))
         v = constrain(v, ("batch", "sequence", "kv_heads", "head_dim"))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k = jax.lax.dynamic_update_slice_in_dim(cache[0], k.astype(cache[0].dtype), cache_index, axis=1)

@@ -171,11 +171,13 @@ PRESETS = {
     # The tiny Llama's attention with 8 experts of width 96, 2 per token: 192 active SwiGLU
     # units per token against the dense tiny's 384. Trains on 2 CPU cores in minutes.
     "tiny": dict(preset="tiny", num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=96),
-    # Qwen3-30B-A3B's shape (its config.json): 48 layers of 128 experts, 8 per token.
+    # Qwen3-30B-A3B (its config.json): 48 layers of 128 experts, 8 per token, QK-norm; its
+    # Hugging Face checkpoints load into it (models.hf).
     "qwen3_30b_a3b": dict(vocab_size=151_936, hidden_size=2048, intermediate_size=6144, num_layers=48,
                           num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1_000_000.0,
                           rms_norm_eps=1e-6, max_seq_len=40_960, num_experts=128, moe_router_topk=8,
-                          moe_ffn_hidden_size=768, norm_topk_prob=True, moe_aux_loss_coeff=1e-3),
+                          moe_ffn_hidden_size=768, norm_topk_prob=True, moe_aux_loss_coeff=1e-3,
+                          qk_norm=True),
 }
 
 

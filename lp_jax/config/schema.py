@@ -183,6 +183,9 @@ class ModelConfig:
     # (the presets': separate). A checkpoint of the other layout is converted exactly on
     # resume and by init.checkpoint (models.fused_projections).
     fused_projections: Optional[bool] = None
+    # Qwen3's QK-norm: an RMSNorm over head_dim on each query and key head before RoPE
+    # (default false; a Qwen3-MoE init.hf folder sets it).
+    qk_norm: Optional[bool] = None
     # Mixture of experts (model.type=moe; docs/moe.md): experts per layer, experts per token,
     # each expert's SwiGLU width (0: intermediate_size), renormalized top-k probabilities,
     # Megatron's load-balancing and router z-loss coefficients (defaults 1e-3 and 0).

@@ -1,6 +1,7 @@
-"""A training run's checkpoint -> a Hugging Face Llama folder (``python -m lp_jax.export``).
+"""A training run's checkpoint -> a Hugging Face folder (``python -m lp_jax.export``).
 
-The folder holds what `LlamaForCausalLM.from_pretrained` and `AutoTokenizer` read:
+The folder holds what `LlamaForCausalLM.from_pretrained` (`Qwen3MoeForCausalLM`'s for
+model.type=moe) and `AutoTokenizer` read:
 config.json (with the tokenizer's BOS/EOS ids), the safetensors weights and the run's
 tokenizer files (``lp_jax.data.tokenizers``). The weights are the checkpoint's FP32
 masters, cast to `dtype` if asked; the optimizer state is never read, and the recipe the
@@ -24,7 +25,8 @@ from lp_jax.data.tokenizers import get_tokenizer, write_tokenizer_files
 from lp_jax.errors import UserError, one_line
 from lp_jax.runs.run_folder import SavedRun, open_and_restore
 from models.files import check_output, written_whole
-from models.hf import save_hf
+from models.hf import check_exportable, save_hf
+from models.hf_config import HFError
 
 
 def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
@@ -33,6 +35,10 @@ def export_run(source: str, hf_dir: str, *, step: int | None = None, dtype=None,
     check_output(hf_dir, "hf_dir", replaces_exports=True)
     saved, model = open_and_restore(source, step)
     model_registry.check_hf_checkpoints(saved.config.model.type, source)
+    try:
+        check_exportable(model)
+    except HFError as e:
+        raise UserError(f"{source}: {e}") from None
     data = saved.config.data
     tokenizer = None if data.source in MOCK_SOURCES else data.tokenizer  # mock tokens have none
     if tokenizer is not None:

@@ -1,5 +1,6 @@
-"""A new run that starts from existing weights: `init.hf=HF_DIR` (a Hugging Face Llama folder)
-or `init.checkpoint=RUN_DIR[@STEP]` (another run's FP32 masters).
+"""A new run that starts from existing weights: `init.hf=HF_DIR` (a Hugging Face Llama folder,
+or a Qwen3-MoE one for model.type=moe) or `init.checkpoint=RUN_DIR[@STEP]` (another run's FP32
+masters).
 
 Only the weights are taken: optimizer moments, step counters, schedule and data order
 start fresh. The architecture is the weights'; set `model.*` keys override it where the
@@ -26,7 +27,7 @@ from lp_jax.runs.run_folder import checkpoint_folder, open_and_restore, open_run
 from models.config import SHAPE_FIELDS
 from models.fused_projections import layout_name, value_at
 from models.hf import HFError, check_tensors, read_hf_config, read_params
-from models.hf_config import config_from_hf
+from models.hf_config import ARCHITECTURES, config_from_hf
 
 # Encoded by both tokenizers to tell whether they are the same vocabulary: ASCII code,
 # whitespace runs, accented, CJK and emoji text, so byte-level and BPE tokenizers differ.
@@ -55,6 +56,7 @@ def model_config(c: TrainConfig, tokenizer):
     key = _source_key(c)
     if c.init.hf:
         source, source_tokenizer = _hf_source(c.init.hf, key)
+        _check_family(source, c.model.type, key)
     else:
         source, source_tokenizer = _run_source(c.init.checkpoint, key, c.model.type)
     cfg = _with_overrides(source, c, key)
@@ -90,6 +92,16 @@ def _hf_source(path: str, key: str):
         raise UserError(f"{key}: {e}") from None
     tokenizer_file = os.path.join(path, "tokenizer.json")
     return cfg, (f"hf:{tokenizer_file}" if os.path.isfile(tokenizer_file) else None)
+
+
+def _check_family(source, model_type: str, key: str) -> None:
+    """A Qwen3-MoE folder starts model.type=moe, a Llama folder any other family that takes
+    Hugging Face checkpoints."""
+    moe_weights = bool(source.num_experts)
+    if moe_weights != (model_type == "moe"):
+        arch = ARCHITECTURES["qwen3_moe" if moe_weights else "llama"]
+        raise UserError(f"{key}: the folder holds a {arch}, which model.type="
+                        f"{'moe' if moe_weights else 'llama'} builds, not model.type={model_type!r}")
 
 
 def _run_source(spec: str, key: str, model_type: str):

@@ -149,7 +149,7 @@ def test_registering_refuses_bad_families(mean_mixer):
 
 def test_family_without_hf_refuses_init_hf_and_a_type_change_on_resume(tmp_path, token_cache, mean_mixer):
     with pytest.raises(UserError, match=r"^init.hf=/no/hf: model.type='mean_mixer' has no Hugging "
-                                        r"Face conversion \(only llama\)$"):
+                                        r"Face conversion \(only llama, moe\)$"):
         resolve(tiny(tmp_path, token_cache, "model.type=mean_mixer", "init.hf=/no/hf"), check_files=False)
     plan = resolve(tiny(tmp_path, token_cache, "model.type=mean_mixer"), check_files=False)
     saved = to_dict(tiny(tmp_path, token_cache))  # a llama run's checkpoint in the same folder
