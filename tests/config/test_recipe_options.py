@@ -155,6 +155,7 @@ MODEL_SAMPLES = {
     "recompute_mlp_product": ("true", True), "fused_projections": ("true", True),
     "num_experts": ("4", 4), "moe_router_topk": ("1", 1), "moe_ffn_hidden_size": ("64", 64),
     "norm_topk_prob": ("false", False), "moe_aux_loss_coeff": ("0.01", 0.01), "moe_z_loss_coeff": ("0.001", 0.001),
+    "qk_norm": ("true", True),
     "dtype": ("float32", jnp.dtype("float32")), "param_dtype": ("bfloat16", jnp.dtype("bfloat16")),
 }
 
