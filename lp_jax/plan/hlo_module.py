@@ -5,7 +5,9 @@ Read from ``compiled.as_text()`` (XLA's optimized module after buffer assignment
 instruction is ``%name = SHAPE opcode(%operand, ...), attributes``; its operands are named,
 so their shapes come from the module-wide table of instruction and parameter shapes. A
 computation runs once per call from the entry computation, ``n`` times as the body of a
-``while`` whose backend config states ``known_trip_count`` n (nested loops multiply).
+``while`` whose backend config states ``known_trip_count`` n (nested loops multiply); each
+branch of a ``conditional`` once, unless the conditional names the branch expected to run
+(``EXPECTED_BRANCH``).
 """
 from __future__ import annotations
 
@@ -203,6 +205,15 @@ def _callees(instr: Instruction) -> list[tuple[str, int]]:
         target = instr.attr("to_apply")
         return [(target, 1)] if target else []
     if instr.opcode == "conditional":
-        branches = instr.attr("branch_computations") or ""
-        return [(b, 1) for b in _NAME.findall(branches)]
+        branches = _NAME.findall(instr.attr("branch_computations") or "")
+        expected = EXPECTED_BRANCH.search(instr.attrs)
+        if expected and int(expected.group(1)) < len(branches):
+            return [(branches[int(expected.group(1))], 1)]
+        return [(b, 1) for b in branches]  # which one runs is data: each counts (a bound)
     return []
+
+
+# A conditional traced under ``jax.named_scope(f"lp_expected_branch_{i}")`` counts only its
+# branch i: the one its caller expects to run (lp.ragged_dot names the window a group of an
+# even share of the rows takes, so the plan costs expert GEMMs under balanced routing).
+EXPECTED_BRANCH = re.compile(r'op_name="[^"]*\blp_expected_branch_(\d+)')

@@ -205,3 +205,36 @@ def test_a_slice_update_through_a_bitcast_of_the_buffer_is_in_place():
     the update; the kernel still writes one layer's slice, not the whole buffer."""
     (k,) = kernels(Module.parse(BITCAST_SLICE_UPDATE))
     assert k.bytes == 64 * 32 * 4 + 4 + 64 * 32 * 4  # the slice read, the index, the slice written
+
+
+def _conditional(op_name):
+    return f"""HloModule cond
+
+%small (s: bf16[128,64]) -> f32[128,64] {{
+  %s = bf16[128,64]{{1,0}} parameter(0)
+  ROOT %d = f32[128,64]{{1,0}} dot(%s, %s), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+
+%large (l: bf16[512,64]) -> f32[128,64] {{
+  %l = bf16[512,64]{{1,0}} parameter(0)
+  %d = f32[512,64]{{1,0}} dot(%l, %l), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  ROOT %s = f32[128,64]{{1,0}} slice(%d), slice={{[0:128], [0:64]}}
+}}
+
+ENTRY %main (i: s32[], a: bf16[128,64], b: bf16[512,64]) -> f32[128,64] {{
+  %i = s32[] parameter(0)
+  %a = bf16[128,64]{{1,0}} parameter(1)
+  %b = bf16[512,64]{{1,0}} parameter(2)
+  ROOT %c = f32[128,64]{{1,0}} conditional(%i, %a, %b), branch_computations={{%small, %large}}, metadata={{op_name="{op_name}"}}
+}}
+"""
+
+
+def test_a_conditional_counts_every_branch_unless_it_names_the_expected_one():
+    """Which branch runs is data: each counts (a bound), unless the conditional was traced
+    under lp_expected_branch_<i> (lp.ragged_dot names the window of an even share)."""
+    every = Module.parse(_conditional("jit(f)/cond")).runs()
+    assert every["small"] == every["large"] == 1
+    expected = Module.parse(_conditional("jit(f)/transpose(jvp(lp_expected_branch_0))/cond"))
+    assert expected.runs().get("large", 0) == 0 and expected.runs()["small"] == 1
+    assert [k.flops for k in kernels(expected) if k.flops] == [2 * 128 * 64 * 64]  # small only
