@@ -6,13 +6,16 @@ quantized (``lp_never_quantized``); softmax over the experts, the top ``moe_rout
 their probabilities renormalized to sum to 1 when ``norm_topk_prob``; dropless (every
 token reaches its k experts; the grouped GEMM takes any group sizes). The experts' GEMMs
 are two ``GroupedLinear``s (gate/up fused, down) over the routed rows sorted by expert,
-which ``apply_recipe`` swaps for ``lp_jax.ragged_dot`` like any Linear.
+which ``apply_recipe`` swaps for ``lp_jax.ragged_dot`` like any Linear. Under a mesh
+whose ``expert`` axis splits (``mesh.expert``), the routed rows travel to the ranks that hold
+their experts and back (``models.moe_dispatch``); the routing stays here, whole-batch.
 
 Losses (Megatron's names): the Switch load-balancing loss ``moe_aux_loss_coeff * E *
 sum_e f_e P_e`` (f_e: the share of routed rows that went to expert e, P_e: its mean router
 probability) and the router z-loss ``moe_z_loss_coeff * mean(logsumexp(logits)^2)``, per
-layer, summed over layers. The model returns ``(logits, extras)``: ``extras["aux_loss"]``
-is added to the objective per token (``lp_jax.training.step``), and ``moe_load_max`` /
+layer, summed over layers; over the whole batch where ranks split it (as on one device).
+The model returns ``(logits, extras)``: ``extras["aux_loss"]`` is added to the objective
+per token (``lp_jax.training.step``), and ``moe_load_max`` /
 ``moe_load_min`` (an expert's routed rows over an even share, the extremes over experts
 and layers: 1.0 is perfect balance) are reported with the loss.
 """
