@@ -65,7 +65,7 @@ def test_routed_output_and_expert_gradients_are_one_devices():
         # jax.lax.ragged_dot (no recipe) runs each expert's rows in another GEMM shape, whose
         # FP32 sums XLA:CPU blocks differently; lp.ragged_dot's windows are the same on both.
         assert r["output_max_rel"] <= (1e-6 if r["recipe"] == "none" else 0), r
-        assert r["stats_equal"] and r["all_to_alls"] == 3 and r["gate_up_shard"] == [2, 128, 192], r
+        assert r["stats_max_rel"] <= 1e-6 and r["all_to_alls"] == 3 and r["gate_up_shard"] == [2, 128, 192], r
         if r["recipe"] != "none":
             assert r["expert_grads_equal"], r
             assert r["router_grad_max_rel"] <= 1e-5, r

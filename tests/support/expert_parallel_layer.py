@@ -61,7 +61,10 @@ def compare(recipe: str) -> dict:
     row = {"recipe": recipe,
            "gate_up_shard": list(params_ep["gate_up"]["kernel"][...].addressable_shards[0].data.shape),
            "output_max_rel": float(np.max(np.abs(out - out_ep)) / np.max(np.abs(out))),
-           "stats_equal": all(np.array_equal(np.asarray(stats[k]), np.asarray(stats_ep[k])) for k in stats),
+           # The routing statistics are sums over the tokens, which the partitioner takes per
+           # device and then across: FP32 summation order.
+           "stats_max_rel": max(float(np.max(np.abs(np.asarray(stats[k]) - np.asarray(stats_ep[k]))
+                                          / np.maximum(np.abs(np.asarray(stats[k])), 1e-30))) for k in stats),
            "all_to_alls": sharded(forward).lower(params_ep, x_ep).as_text().count("all_to_all")}
     if recipe != "none":
         grads = jax.jit(jax.grad(loss))(params, x)
