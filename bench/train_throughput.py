@@ -53,7 +53,7 @@ def measure(preset: str, recipe: str, seq_len: int, batch: int, steps: int, extr
             f"data.micro_batch_size={batch // jax.device_count() or 1}", "model.scan_layers=true",
             f"precision={recipe}", f"steps={steps}", *extra]))
     cfg, phase = plan.config, plan.phases[0]
-    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, plan.expert)
     spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
     build = lambda: llama.Llama(plan.model_config, rngs=nnx.Rngs(0))  # noqa: E731

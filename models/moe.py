@@ -6,13 +6,16 @@ quantized (``lp_never_quantized``); softmax over the experts, the top ``moe_rout
 their probabilities renormalized to sum to 1 when ``norm_topk_prob``; dropless (every
 token reaches its k experts; the grouped GEMM takes any group sizes). The experts' GEMMs
 are two ``GroupedLinear``s (gate/up fused, down) over the routed rows sorted by expert,
-which ``apply_recipe`` swaps for ``lp_jax.ragged_dot`` like any Linear.
+which ``apply_recipe`` swaps for ``lp_jax.ragged_dot`` like any Linear. Under a mesh
+whose ``expert`` axis splits (``mesh.expert``), the routed rows travel to the ranks that hold
+their experts and back (``models.moe_dispatch``); the routing stays here, whole-batch.
 
 Losses (Megatron's names): the Switch load-balancing loss ``moe_aux_loss_coeff * E *
 sum_e f_e P_e`` (f_e: the share of routed rows that went to expert e, P_e: its mean router
 probability) and the router z-loss ``moe_z_loss_coeff * mean(logsumexp(logits)^2)``, per
-layer, summed over layers. The model returns ``(logits, extras)``: ``extras["aux_loss"]``
-is added to the objective per token (``lp_jax.training.step``), and ``moe_load_max`` /
+layer, summed over layers; over the whole batch where ranks split it (as on one device).
+The model returns ``(logits, extras)``: ``extras["aux_loss"]`` is added to the objective
+per token (``lp_jax.training.step``), and ``moe_load_max`` /
 ``moe_load_min`` (an expert's routed rows over an even share, the extremes over experts
 and layers: 1.0 is perfect balance) are reported with the loss.
 """
@@ -23,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax import lax
 
+from models import moe_dispatch
 from models.activation_vjp import swiglu
 from models.config import LlamaConfig, output_init_std
 from models.config import preset as config_preset
@@ -54,12 +58,16 @@ class GroupedLinear(nnx.Module):
         self.dtype = cfg.dtype
         self.ragged_dot = lax.ragged_dot
 
-    def __call__(self, x_MxK, group_sizes):
-        kernel = self.kernel[...]
+    def __call__(self, x_MxK, group_sizes, kernel=None, first_group=0):
+        """``kernel``: this expert rank's slice of the kernel (expert parallelism,
+        models.moe_dispatch), whose first expert is expert ``first_group``; None: all of it."""
+        kernel = self.kernel[...] if kernel is None else kernel
         if not getattr(self.ragged_dot, "keeps_kernel_dtype", False):
             kernel = kernel.astype(self.dtype)
+        # lp_jax's grouped GEMM keys each expert's stochastic rounding by its global index.
+        offset = {"first_group": first_group} if getattr(self.ragged_dot, "takes_first_group", False) else {}
         return self.ragged_dot(x_MxK.astype(self.dtype), kernel, group_sizes,
-                               preferred_element_type=self.dtype)
+                               preferred_element_type=self.dtype, **offset)
 
 
 def route(logits_TxE, k: int, norm_topk_prob: bool):
@@ -88,21 +96,36 @@ class MoE(nnx.Module):
         tokens, k, e = x.shape[0], cfg.moe_router_topk, cfg.num_experts
         logits = self.router(x)
         weights, experts, probs = route(logits, k, cfg.norm_topk_prob)
-        # The routed rows, sorted by expert (stable: a token's rows stay in token order).
         flat = experts.reshape(-1)
-        order = jnp.argsort(flat, stable=True)
-        token_of_row = order // k
         sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-        gate, up = jnp.split(self.gate_up(x[token_of_row], sizes), 2, axis=-1)
-        rows = self.down(swiglu(gate, up), sizes)
-        combined = jnp.zeros((tokens, d), jnp.float32).at[token_of_row].add(
-            rows.astype(jnp.float32) * weights.reshape(-1)[order][:, None])
-        # Switch load balancing: f_e (share of the routed rows) times P_e (mean probability).
-        share = sizes.astype(jnp.float32) / (tokens * k)
-        aux = cfg.moe_aux_loss_coeff * e * jnp.sum(share * jnp.mean(probs, axis=0))
-        z = cfg.moe_z_loss_coeff * jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
+        axis = moe_dispatch.expert_axis()
+        if axis is None:
+            # The routed rows, sorted by expert (stable: a token's rows stay in token order).
+            order = jnp.argsort(flat, stable=True)
+            token_of_row = order // k
+            rows = self._experts(x[token_of_row], sizes)
+            combined = jnp.zeros((tokens, d), jnp.float32).at[token_of_row].add(
+                rows.astype(jnp.float32) * weights.reshape(-1)[order][:, None])
+        else:
+            kernels = (self.gate_up.kernel[...], self.down.kernel[...])
+            combined = moe_dispatch.expert_parallel(self._experts, x, weights, experts, kernels, e, axis)
+        # Switch load balancing: f_e (share of the routed rows) times P_e (mean probability),
+        # over the whole batch where ranks split it (moe_dispatch.batch_sum).
+        all_tokens = moe_dispatch.batch_sum(jnp.float32(tokens))
+        share = moe_dispatch.batch_sum(sizes.astype(jnp.float32)) / (all_tokens * k)
+        mean_probs = moe_dispatch.batch_sum(jnp.sum(probs, axis=0)) / all_tokens
+        aux = cfg.moe_aux_loss_coeff * e * jnp.sum(share * mean_probs)
+        squares = jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1)))
+        z = cfg.moe_z_loss_coeff * moe_dispatch.batch_sum(squares) / all_tokens
         stats = {"aux_loss": aux, "z_loss": z, "load": share * e}
         return combined.astype(x_BxLxD.dtype).reshape(b, length, d), stats
+
+    def _experts(self, rows_MxD, sizes, kernels=(None, None), first_group=0):
+        """The SwiGLU experts on rows sorted by expert (``sizes`` rows each); ``kernels``:
+        an expert rank's slices of (gate_up, down), whose first expert is ``first_group``."""
+        gate_up, down = kernels
+        gate, up = jnp.split(self.gate_up(rows_MxD, sizes, gate_up, first_group), 2, axis=-1)
+        return self.down(swiglu(gate, up), sizes, down, first_group)
 
 
 class MoEBlock(Block):

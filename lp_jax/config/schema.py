@@ -345,10 +345,11 @@ MOCK_SOURCES = ("mock", "mock_uniform")  # data.source values that read no token
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh (data, fsdp, tensor); their product is the device count. docs/scaling.md."""
+    """Device mesh (data, fsdp, expert, tensor); their product is the device count.
+    docs/scaling.md, docs/moe.md."""
 
     # Data-parallel ranks: each holds the (tensor-sharded) state and a slice of the batch.
-    # -1 (in any one of the three): the devices the other two leave.
+    # -1 (in any one of the sizes): the devices the others leave.
     data: int = -1
     # FSDP ranks (ZeRO-3): also take a slice of the batch, and shard parameters, gradients
     # and Adam moments; weights are gathered per GEMM. 1 = replicated state.
@@ -356,6 +357,10 @@ class MeshConfig:
     # Tensor-parallel ranks (Megatron): q/k/v/gate/up split by output features, o/down by
     # input features, the vocabulary split; must divide the query and KV head counts.
     tensor: int = 1
+    # Expert-parallel ranks (model.type=moe only): take a slice of the batch like data ranks
+    # and hold model.num_experts / expert of the experts; routed tokens travel to their
+    # experts' rank and back by all-to-all. Must divide model.num_experts. docs/moe.md.
+    expert: int = 1
     # ZeRO-1 over the data axis (Megatron's distributed optimizer): FP32 masters and Adam
     # moments split over the data ranks; per step one gradient reduce-scatter and one
     # all-gather of the updated weights (in model.dtype). Checkpoints do not depend on it.

@@ -15,7 +15,9 @@ may differ in the order XLA:CPU adds its FP32 partial sums over the window's row
 than the group's (the quantized values are the same). With stochastic rounding, group
 ``g`` draws the bits ``lp.dot_general`` draws on its padded rows under the key
 ``fold_in(k, g)``, where ``k`` is the grouped call's own site key (``lp_jax.context``):
-every group's bits differ, and a resumed run draws the same ones.
+every group's bits differ, and a resumed run draws the same ones. Where ``rhs`` holds one
+expert rank's groups (expert parallelism), ``first_group`` is the global index of its first,
+so group ``g`` draws the bits it draws on one device.
 
 The emulation (any platform) runs each group in its window (a ``lax.switch`` over the
 window lengths), unrolled up to ``UNROLLED_GROUPS`` groups and in a ``lax.scan`` beyond:
@@ -55,13 +57,16 @@ class LowPrecisionRaggedDot:
     # so its gradient stays FP32 (as KeepKernelDtype does for Linears): a grouped module
     # reads this to pass its kernel uncast.
     keeps_kernel_dtype = True
+    # Takes ``first_group``: the global index of rhs's first group when rhs holds one expert
+    # rank's experts (expert parallelism, models.moe_dispatch), for the groups' SR keys.
+    takes_first_group = True
 
     @property
     def recipe(self) -> Recipe:
         return self.dot_general.recipe
 
     def __call__(self, lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-                 group_offset=None):
+                 group_offset=None, first_group=0):
         _check(lhs, rhs, group_sizes, group_offset)
         m, k = lhs.shape
         out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
@@ -92,7 +97,7 @@ class LowPrecisionRaggedDot:
             return lax.switch(which, branches, out, g, w_g, start, size), None
 
         out = jnp.zeros((m + windows[-1], rhs.shape[2]), out_dtype)
-        groups = jnp.arange(rhs.shape[0], dtype=jnp.uint32)
+        groups = jnp.arange(rhs.shape[0], dtype=jnp.uint32) + jnp.asarray(first_group, jnp.uint32)
         if rhs.shape[0] <= UNROLLED_GROUPS:
             for g in range(rhs.shape[0]):
                 out, _ = group(out, (groups[g], rhs[g], starts[g], sizes[g]))

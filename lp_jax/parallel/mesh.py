@@ -1,11 +1,14 @@
-"""The device mesh: data, FSDP and tensor parallelism over (data, fsdp, tensor) axes.
+"""The device mesh: data, FSDP, expert and tensor parallelism over (data, fsdp, expert,
+tensor) axes.
 
-``data`` and ``fsdp`` split the batch, ``fsdp`` also shards the state (ZeRO-3), ``tensor``
-is Megatron tensor parallelism (docs/scaling.md). Devices are laid out in process order,
-so the tensor axis (the chattiest) spans neighbouring devices of one host and each
-process's devices hold a contiguous range of the batch (what ``pipeline.host_rows``
-relies on). The axes are ``Auto``: the partitioner places the collectives, steered by the
-shardings of ``partitioning``.
+``data`` and ``fsdp`` split the batch, ``fsdp`` also shards the state (ZeRO-3), ``expert``
+splits the batch too and a mixture of experts' expert weights by expert (tokens travel to
+their experts by all-to-all, ``models.moe_dispatch``), ``tensor`` is Megatron tensor
+parallelism (docs/scaling.md, docs/moe.md). Devices are laid out in process order, so the
+tensor axis (the chattiest) spans neighbouring devices of one host, the expert axis the
+next ones, and each process's devices hold a contiguous range of the batch (what
+``pipeline.host_rows`` relies on). The axes are ``Auto``: the partitioner places the
+collectives, steered by the shardings of ``partitioning``.
 """
 from __future__ import annotations
 
@@ -17,18 +20,22 @@ from jax.sharding import AxisType, Mesh
 
 from lp_jax.errors import UserError
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # both split the batch; fsdp also shards the state
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# All three split the batch; fsdp also shards the state, expert the experts.
+BATCH_AXES = ("data", "fsdp", "expert")
 
 
-def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) sizes for ``device_count`` devices; one of them may be -1 (the
-    rest). Raises UserError with one line when the sizes cannot tile the devices."""
+def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int,
+               expert: int = 1) -> tuple[int, int, int, int]:
+    """(data, fsdp, tensor, expert) sizes for ``device_count`` devices; one of them may be
+    -1 (the rest). Raises UserError with one line when the sizes cannot tile the devices."""
     sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    if expert != 1:  # named in messages only where a run sets it
+        sizes["expert"] = expert
     for name, size in sizes.items():
         if size == 0 or size < -1:
             raise UserError(f"mesh.{name}={size} is invalid: a mesh size is a positive "
-                            "integer, or -1 for the devices left by the other two")
+                            "integer, or -1 for the devices left by the others")
     fills = [name for name, size in sizes.items() if size == -1]
     if len(fills) > 1:
         raise UserError(f"mesh.{fills[0]} and mesh.{fills[1]} are both -1: at most one mesh "
@@ -41,20 +48,21 @@ def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[in
                             f"{known} does not divide {device_count}")
         sizes[fills[0]] = device_count // known
     elif known != device_count:
-        raise UserError(f"mesh.data x mesh.fsdp x mesh.tensor = {product} = {known} devices, "
+        keys = " x ".join(f"mesh.{name}" for name in sizes)
+        raise UserError(f"{keys} = {product} = {known} devices, "
                         f"but there are {device_count}; make the product {device_count} "
                         "(one size may be -1: the rest)")
-    return sizes["data"], sizes["fsdp"], sizes["tensor"]
+    return sizes["data"], sizes["fsdp"], sizes["tensor"], sizes.get("expert", 1)
 
 
-def make_mesh(data: int, fsdp: int = 1, tensor: int = 1, devices=None):
-    """An Auto-typed ``jax.sharding.Mesh`` over the first data*fsdp*tensor devices (in
-    process order, so a host's devices are neighbours on every axis)."""
+def make_mesh(data: int, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None):
+    """An Auto-typed ``jax.sharding.Mesh`` over the first data*fsdp*expert*tensor devices
+    (in process order, so a host's devices are neighbours on every axis)."""
     devices = list(jax.devices() if devices is None else devices)
     devices.sort(key=lambda d: (d.process_index, d.id))
-    count = data * fsdp * tensor
+    count = data * fsdp * expert * tensor
     if count > len(devices):
-        raise ValueError(f"a {data}x{fsdp}x{tensor} mesh needs {count} devices, "
-                         f"{len(devices)} are available")
-    grid = np.asarray(devices[:count], dtype=object).reshape(data, fsdp, tensor)
+        raise ValueError(f"a {data}x{fsdp}x{expert}x{tensor} (data x fsdp x expert x tensor) mesh "
+                         f"needs {count} devices, {len(devices)} are available")
+    grid = np.asarray(devices[:count], dtype=object).reshape(data, fsdp, expert, tensor)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))

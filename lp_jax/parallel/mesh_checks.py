@@ -11,13 +11,14 @@ import lp_jax
 from lp_jax.errors import UserError
 from lp_jax.gemm.dot_general import LowPrecisionDotGeneral
 from lp_jax.model_registry import build_model
+from lp_jax.parallel.mesh import BATCH_AXES
 from lp_jax.parallel.partitioning import ACTIVATION_RULES, logical_axes, param_spec
 from lp_jax.parallel.shard_checks import BlockStraddleError, LinearSplits, Split, check_linear
 
 
 def _split(size: int, entry, mesh_shape: dict[str, int]):
     names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-    shards = math.prod(mesh_shape[n] for n in names)
+    shards = math.prod(mesh_shape.get(n, 1) for n in names)
     return Split(size, shards, " x ".join(names))
 
 
@@ -28,18 +29,18 @@ def _activation_entry(logical: str | None, size: int, mesh_shape: dict[str, int]
     if entry is None:
         return None
     names = entry if isinstance(entry, tuple) else (entry,)
-    return entry if size % math.prod(mesh_shape[n] for n in names) == 0 else None
+    return entry if size % math.prod(mesh_shape.get(n, 1) for n in names) == 0 else None
 
 
 def linear_splits(path: str, kernel_shape: tuple[int, int], mesh_shape: dict[str, int],
                   tokens_per_pass: int):
     """LinearSplits of the Linear at ``path`` under the partitioning rules. tokens_per_pass:
-    M of one forward pass over the whole mesh (micro-batch x data x fsdp x seq_len)."""
+    M of one forward pass over the whole mesh (micro-batch x data x fsdp x expert x seq_len)."""
     k, n = kernel_shape
     kernel = f"{path}/kernel"
     spec = tuple(param_spec(kernel, kernel_shape, mesh_shape)) + (None, None)
     names = logical_axes(kernel, 2) or (None, None)
-    m = _split(tokens_per_pass, ("data", "fsdp"), mesh_shape)
+    m = _split(tokens_per_pass, tuple(a for a in BATCH_AXES if a in mesh_shape), mesh_shape)
     return LinearSplits(
         x_m=m, x_k=_split(k, _activation_entry(names[0], k, mesh_shape), mesh_shape),
         w_k=_split(k, spec[0], mesh_shape), w_n=_split(n, spec[1], mesh_shape),
@@ -54,6 +55,19 @@ def check_heads(model_config, tensor: int) -> None:
                             "tensor-parallel rank must hold whole attention heads")
 
 
+def check_experts(model_config, expert: int, model_type: str) -> None:
+    """Whole experts per expert-parallel rank, and experts to split at all."""
+    if expert == 1:
+        return
+    experts = getattr(model_config, "num_experts", 0)
+    if experts < 2:
+        raise UserError(f"mesh.expert={expert} splits a mixture of experts, but model.type={model_type} "
+                        "has no experts; use mesh.expert=1 (or model.type=moe)")
+    if experts % expert:
+        raise UserError(f"mesh.expert={expert} does not divide model.num_experts={experts}: each "
+                        "expert-parallel rank must hold whole experts")
+
+
 def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_size: int,
                  seq_len: int, model_type: str = "llama") -> None:
     """UserError if any recipe would split a quantization block across the mesh, for the
@@ -63,7 +77,7 @@ def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_
 
 
     model = nnx.eval_shape(lambda: build_model(model_type, model_config, nnx.Rngs(0)))
-    tokens = micro_batch_size * mesh_shape["data"] * mesh_shape["fsdp"] * seq_len
+    tokens = micro_batch_size * math.prod(mesh_shape.get(a, 1) for a in BATCH_AXES) * seq_len
     for recipe in recipes:
         if not recipe.quantized:
             continue

@@ -1,5 +1,5 @@
 """Logical-axis rules: how parameters, optimizer state, gradients and activations are
-sharded over the (data, fsdp, tensor) mesh, in the Flax/MaxText convention.
+sharded over the (data, fsdp, expert, tensor) mesh, in the Flax/MaxText convention.
 
 Each tensor's dimensions get *logical* names and a rule table maps names to mesh axes.
 Parameters (and, by the same path table, their Adam moments and gradients) are named by
@@ -35,6 +35,11 @@ PARAM_AXES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"(^|/)mlp/(gate|up)_proj/kernel$", ("embed", "mlp")),
     (r"(^|/)mlp/gate_up/kernel$", ("embed", "mlp")),
     (r"(^|/)mlp/down_proj/kernel$", ("mlp", "embed")),
+    # A mixture of experts (models.moe): the router [D, E] whole on every expert rank (FP32,
+    # read by every token), the GroupedLinear kernels [E, in, out] split by expert.
+    (r"(^|/)mlp/router/kernel$", ("embed", "router")),
+    (r"(^|/)mlp/gate_up/kernel$", ("expert", "embed", "expert_mlp")),
+    (r"(^|/)mlp/down/kernel$", ("expert", "expert_mlp", "embed")),
     (r"(^|/)lm_head/kernel$", ("embed", "vocab")),
     (r"(^|/)\w*norm/scale$", ("norm",)),
 )
@@ -47,6 +52,11 @@ PARAM_RULES: tuple[tuple[str, Any], ...] = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("norm", None),  # norm scales are tiny: replicated
+    ("router", None),
+    ("expert", "expert"),
+    # Expert FFN features stay whole: the grouped GEMMs run per device on whole experts
+    # (tensor ranks compute the same expert rows; docs/moe.md).
+    ("expert_mlp", None),
 )
 
 # ... and for activations (models.sharding.constrain reads these via nnx.logical_axis_rules).
@@ -59,6 +69,12 @@ ACTIVATION_RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("vocab", "tensor"),
+    # The experts' dimension of a mixture of experts (models.moe_dispatch).
+    ("expert", "expert"),
+    # The mesh axes whose ranks hold different rows of the batch, manual ones included
+    # (activation_rules keeps them): a model sums batch statistics over those that are
+    # manual where it runs (models.moe's routing losses). Names no array's dimension.
+    ("global_batch", BATCH_AXES),
 )
 
 
@@ -159,7 +175,8 @@ def activation_rules(manual_axes=()) -> tuple[tuple[str, Any], ...]:
     outside, the partitioner's all-to-all plan compiles and is cheaper, so no rule)."""
     if not manual_axes:
         return ACTIVATION_RULES
-    rules = tuple((name, _entry_without(entry, manual_axes)) for name, entry in ACTIVATION_RULES)
+    rules = tuple((name, entry if name == "global_batch" else _entry_without(entry, manual_axes))
+                  for name, entry in ACTIVATION_RULES)
     return rules + (("lookup_vocab", "tensor"),)
 
 
@@ -183,8 +200,8 @@ def spec_without(spec: P, axes) -> P:
 
 
 def batch_sharding(mesh) -> NamedSharding:
-    """[accum, micro-batch, L] batches: micro-batch rows over (data, fsdp); every tensor
-    rank of a data/fsdp coordinate sees the same rows."""
+    """[accum, micro-batch, L] batches: micro-batch rows over (data, fsdp, expert); every
+    tensor rank of a data/fsdp/expert coordinate sees the same rows."""
     return NamedSharding(mesh, P(None, BATCH_AXES))
 
 

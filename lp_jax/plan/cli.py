@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -97,8 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _mesh_size(config) -> int | None:
-    sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    return None if -1 in sizes else sizes[0] * sizes[1] * sizes[2]
+    sizes = (config.mesh.data, config.mesh.fsdp, config.mesh.tensor, config.mesh.expert)
+    return None if -1 in sizes else math.prod(sizes)
 
 
 def _compile(config_path: str, args, recipe: str, count: int) -> dict:

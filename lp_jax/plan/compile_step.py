@@ -84,7 +84,7 @@ def compile_lowered(lowered):
 def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     """The plan's first phase's train step compiled for ``count`` GPUs of kind ``gpu``."""
     cfg = plan.config
-    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, devices=topology_devices(gpu, count))
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, plan.expert, devices=topology_devices(gpu, count))
     spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
     model = nnx.eval_shape(lambda: build_model(cfg.model.type, plan.model_config, nnx.Rngs(cfg.seed)))
@@ -94,7 +94,7 @@ def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     target = abstract_state((graphdef, params, rest), tx, cfg.seed)
     shardings = spec.state_shardings(target)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), target, shardings)
-    per_pass = cfg.data.micro_batch_size * plan.data_parallel * plan.fsdp
+    per_pass = cfg.data.micro_batch_size * plan.data_parallel * plan.fsdp * plan.expert
     rows = batch_sharding(mesh)
     # The data's keys: no segment_ids without the per-document mask (lp_jax.data.pipeline).
     keys = [(k, dtype) for k, dtype in BATCH_KEYS

@@ -137,5 +137,5 @@ def memory_table_row(config: TrainConfig, xla: bool = True) -> dict:
     row["other_activations"] = row["activations"] - row["linear_inputs"]
     if xla:
         row.update(xla_step_memory(plan, graphdef, state,
-                                   make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)))
+                                   make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, plan.expert)))
     return row

@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(dump_yaml(config), end="")
         print(f"# ok: {plan.model_config.num_layers} layers, vocab {plan.model_config.vocab_size}, "
               f"{plan.accum_steps} micro-batch(es) per step, mesh data={plan.data_parallel} "
-              f"fsdp={plan.fsdp} tensor={plan.tensor}, recipes "
+              f"fsdp={plan.fsdp} expert={plan.expert} tensor={plan.tensor}, recipes "
               f"{', '.join(f'{p.name} {p.recipe.policy} from step {p.from_step}' for p in plan.phases)}")
         return 0
     from lp_jax.training.loop import run

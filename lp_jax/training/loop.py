@@ -124,7 +124,7 @@ def build(plan: ValidatedRun) -> _Run:
     cfg = plan.config
     primary = is_primary()  # process 0 writes the run folder's files and prints
     say = _Console(primary)
-    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor)
+    mesh = make_mesh(plan.data_parallel, plan.fsdp, plan.tensor, plan.expert)
     spec = StepSpec.from_plan(plan, mesh)
     tx = make_optimizer(spec.optimizer)
     global_batch = cfg.data.global_batch_size
@@ -179,7 +179,7 @@ def build(plan: ValidatedRun) -> _Run:
                                 (cfg.data.micro_batch_size, cfg.data.seq_len))
         say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
             f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
-            f"fsdp={plan.fsdp} tensor={plan.tensor} over {jax.device_count()} devices, "
+            f"fsdp={plan.fsdp} expert={plan.expert} tensor={plan.tensor} over {jax.device_count()} devices, "
             f"{jax.process_count()} process(es)")
         if start >= cfg.end_step:
             say(f"nothing to train: the checkpoint is at step {start}, the run ends at {cfg.end_step}")

@@ -60,6 +60,7 @@ class ValidatedRun:
     fsdp: int
     accum_steps: int  # micro-batches per optimizer step
     tensor: int = 1  # tensor-parallel ranks (they share their batch rows)
+    expert: int = 1  # expert-parallel ranks (each its own rows, and 1/expert of the experts)
 
     def phase_at(self, step: int) -> Phase:
         """The recipe that trains (1-based) ``step``."""
@@ -94,24 +95,27 @@ def resolve(config: TrainConfig, device_count: int | None = None,
         # what is kept (under one, the plan measured no saving: docs/plan.md).
         model_config = model_config.replace(recompute_mlp_product=model_config.remat == "none"
                                             and any(p.recipe.quantized for p in phases))
-    data_parallel, fsdp, tensor = mesh_shape(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
-                                             jax.device_count() if device_count is None else device_count)
-    per_pass = config.data.micro_batch_size * data_parallel * fsdp
+    data_parallel, fsdp, tensor, expert = mesh_shape(
+        config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+        jax.device_count() if device_count is None else device_count, expert=config.mesh.expert)
+    per_pass = config.data.micro_batch_size * data_parallel * fsdp * expert
     if config.data.global_batch_size % per_pass:
+        ranks = "mesh.data x mesh.fsdp" + (" x mesh.expert" if expert > 1 else "")
         raise UserError(
             f"data.global_batch_size={config.data.global_batch_size} is not divisible by "
-            f"data.micro_batch_size x data-parallel ranks (mesh.data x mesh.fsdp) = "
-            f"{config.data.micro_batch_size} x {data_parallel * fsdp} = {per_pass}")
+            f"data.micro_batch_size x data-parallel ranks ({ranks}) = "
+            f"{config.data.micro_batch_size} x {data_parallel * fsdp * expert} = {per_pass}")
 
     mesh_checks.check_heads(model_config, tensor)
+    mesh_checks.check_experts(model_config, expert, config.model.type)
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
-                             {"data": data_parallel, "fsdp": fsdp, "tensor": tensor},
+                             {"data": data_parallel, "fsdp": fsdp, "expert": expert, "tensor": tensor},
                              config.data.micro_batch_size, config.data.seq_len, config.model.type)
     if check_files:
         _check_data(config)
         _check_run_folders(config)
     return ValidatedRun(config, model_config, tokenizer, phases, data_parallel, fsdp,
-                        config.data.global_batch_size // per_pass, tensor)
+                        config.data.global_batch_size // per_pass, tensor, expert)
 
 
 def model_shape_changes(saved: dict, plan: ValidatedRun) -> list[str]:

@@ -24,10 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("sizes, n, want", [
-    ((-1, 1, 1), 8, (8, 1, 1)), ((2, -1, 1), 8, (2, 4, 1)), ((2, 2, -1), 8, (2, 2, 2)),
-    ((1, 8, 1), 8, (1, 8, 1)), ((-1, 1, 1), 1, (1, 1, 1)), ((1, -1, 8), 64, (1, 8, 8))])
+    ((-1, 1, 1), 8, (8, 1, 1, 1)), ((2, -1, 1), 8, (2, 4, 1, 1)), ((2, 2, -1), 8, (2, 2, 2, 1)),
+    ((1, 8, 1), 8, (1, 8, 1, 1)), ((-1, 1, 1), 1, (1, 1, 1, 1)), ((1, -1, 8), 64, (1, 8, 8, 1)),
+    ((-1, 1, 1, 4), 8, (2, 1, 1, 4)), ((2, 1, 1, -1), 8, (2, 1, 1, 4))])
 def test_mesh_sizes_fill_the_devices(sizes, n, want):
-    assert mesh_shape(*sizes, n) == want
+    """(data, fsdp, tensor[, expert]) -> (data, fsdp, tensor, expert)."""
+    assert mesh_shape(*sizes[:3], n, *sizes[3:]) == want
 
 
 @pytest.mark.parametrize("sizes, n, message", [
@@ -204,3 +206,19 @@ def test_importing_the_trainer_leaves_jax_distributed_initializable():
                           timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu",
                                                 PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_moe_experts_split_by_expert_and_the_router_stays_whole():
+    from lp_jax import model_registry
+
+    cfg = model_registry.preset("moe", "tiny", num_layers=1)
+    model = nnx.eval_shape(lambda: model_registry.build_model("moe", cfg, nnx.Rngs(0)))
+    params = nnx.split(model, nnx.Param, ...)[1]
+    mesh = {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+    rows = {path: (spec, fell_back) for path, _, spec, fell_back in sharding_report(params, mesh)}
+    assert rows["layers/0/mlp/gate_up/kernel"] == (P("expert", "fsdp", None), False)
+    assert rows["layers/0/mlp/down/kernel"] == (P("expert", None, "fsdp"), False)
+    assert rows["layers/0/mlp/router/kernel"] == (P("fsdp", None), False)
+    # 8 experts over 3 expert ranks cannot split: left whole, and reported.
+    odd = {path: (spec, fell) for path, _, spec, fell in sharding_report(params, {**mesh, "expert": 3})}
+    assert odd["layers/0/mlp/gate_up/kernel"] == (P(None, "fsdp", None), True)

@@ -29,7 +29,7 @@ want = local(q, k, v, ids)
 AXES = [cudnn_attention.Q_AXES, cudnn_attention.KV_AXES, cudnn_attention.KV_AXES, cudnn_attention.ROW_AXES]
 for data, fsdp, tensor in [(8, 1, 1), (2, 4, 1), (2, 1, 2), (1, 4, 2), (1, 1, 4), (2, 2, 2)]:
     mesh = make_mesh(data, fsdp, tensor, devices=jax.devices()[:data * fsdp * tensor])
-    for manual in [(), ("data",) + tuple(a for a in ("fsdp", "tensor") if mesh.shape[a] == 1)]:
+    for manual in [(), ("data",) + tuple(a for a in ("fsdp", "expert", "tensor") if mesh.shape[a] == 1)]:
         def body(q, k, v, ids, manual=manual):
             with nnx.logical_axis_rules(activation_rules(manual)):
                 return per_device(local, [q, k, v, ids], AXES, cudnn_attention.Q_AXES,

@@ -1,0 +1,163 @@
+"""Expert parallelism for ``models.moe``: the experts split over a mesh axis, each routed row
+sent to the rank that holds its expert and its result sent back, by all-to-all.
+
+The mesh axis is the one the ``expert`` logical rule names (``lp_jax.parallel.partitioning``
+maps it to the mesh's ``expert`` axis); without rules and a mesh in context, or where that
+axis has one device, the MoE layer runs every expert on its own rows and nothing here is
+used. Otherwise the layer's dispatch, grouped GEMMs and combine run in a ``shard_map``
+manual over every axis the partitioner still owns (the grouped GEMMs then see plain
+per-device arrays, as on one device): tokens split over the batch axes, each device holding
+``E / ep`` whole experts (``E`` experts, ``ep`` expert ranks).
+
+Dropless, with fixed-size buffers: a device sends each expert rank a buffer of
+``capacity = tokens x min(k, E / ep)`` rows (every routed row of its tokens could go to one
+rank, and a token's k experts are distinct), so no row is ever dropped, and receives ``ep``
+such buffers. ``jax.lax.all_to_all`` moves the buffers both ways (it runs on XLA:CPU and on
+GPUs, and is differentiable: its transpose is the reverse all-to-all).
+``jax.lax.ragged_all_to_all`` would move only the routed rows, but XLA:CPU cannot run it
+("HLO opcode ragged-all-to-all is not supported", JAX 0.11.2 and 0.12.1), so the CPU tests
+could not check it.
+
+Each receiving device orders its rows by local expert, then by source rank, then as the
+source sent them (token order): with the batch split over expert ranks in order, expert
+``e``'s rows are exactly the rows one device running the whole batch groups for ``e``, in
+the same order, so the grouped GEMM quantizes each expert's rows as it would there (its
+blocks along the tokens, its tensor scale, its stochastic-rounding key: ``first_group``
+gives the global expert index).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax.core import spmd
+from jax import lax
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+
+def _axes(entry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def expert_axis() -> str | None:
+    """The mesh axis the experts are split over here, or None (no rules or mesh in context,
+    or an axis of one device): the ``expert`` rule's axis."""
+    rules = spmd.get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return None
+    axes = _axes(dict(rules).get("expert"))
+    if len(axes) != 1 or axes[0] not in mesh.axis_names or mesh.shape[axes[0]] == 1:
+        return None
+    if dict(zip(mesh.axis_names, mesh.axis_types))[axes[0]] == AxisType.Manual:
+        raise ValueError(f"the MoE layer splits its experts over mesh axis {axes[0]!r} itself; it "
+                         "cannot run inside a shard_map already manual over that axis")
+    return axes[0]
+
+
+def batch_sum(x):
+    """``x`` summed over the mesh axes that are manual here and split the batch (the
+    ``global_batch`` rule's): a statistic of this device's rows becomes the whole batch's.
+    Axes the partitioner owns need nothing (its arrays are already whole)."""
+    rules = spmd.get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+        return x
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    axes = tuple(a for a in _axes(dict(rules).get("global_batch"))
+                 if types.get(a) == AxisType.Manual and mesh.shape[a] > 1)
+    return lax.psum(x, axes) if axes else x
+
+
+def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts: int, axis: str):
+    """The routed MLP's output [T, D] (FP32) with the experts split over mesh ``axis``.
+
+    ``run_experts(rows [M, D], group_sizes [E / ep], kernels, first_group)`` runs the local
+    experts' grouped GEMMs on rows sorted by local expert (``kernels``: this rank's slices,
+    [E / ep, ...] each; ``first_group``: the global index of its first expert).
+    ``kernels``: the experts' whole kernels [E, ...], split over ``axis`` on entry.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    table = dict(spmd.get_logical_axis_rules())
+    auto = tuple(n for n, t in zip(mesh.axis_names, mesh.axis_types) if t != AxisType.Manual)
+    rows_over = tuple(a for a in _axes(table.get("batch")) if a in auto)
+    if axis not in rows_over:
+        raise ValueError(f"expert parallelism needs the batch split over mesh axis {axis!r} "
+                         f"(the batch rule names {rows_over})")
+    split = math.prod(mesh.shape[a] for a in rows_over)
+    ep = mesh.shape[axis]
+    if num_experts % ep:
+        raise ValueError(f"mesh axis {axis!r} of {ep} devices does not divide the {num_experts} experts")
+    if x_TxD.shape[0] % split:
+        raise ValueError(f"the MoE layer's {x_TxD.shape[0]} tokens do not split over mesh axes "
+                         f"{' x '.join(rows_over)} ({split} devices)")
+    rows = P(rows_over)
+
+    def local(x, weights, experts, kernels):
+        return _dispatch_run_combine(run_experts, x, weights, experts, kernels, num_experts, axis, ep)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(rows, rows, rows, tuple(P(axis) for _ in kernels)), out_specs=rows,
+        axis_names=set(auto), check_vma=False)(x_TxD, weights_TxK, experts_TxK, tuple(kernels))
+
+
+def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts, axis, ep):
+    """One device's part: its tokens' rows to their experts' ranks, this rank's experts on
+    the rows it received, the results back, weighted and summed per token."""
+    tokens, k = experts_TxK.shape
+    d = x_TxD.shape[1]
+    per_rank = num_experts // ep
+    capacity = tokens * min(k, per_rank)
+
+    # This device's routed rows sorted by expert (stable: token order within an expert), so
+    # the rows bound for each rank are consecutive.
+    flat = experts_TxK.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token_of_row = order // k
+    counts = jnp.bincount(flat, length=num_experts).astype(jnp.int32).reshape(ep, per_rank)
+    send = jnp.sum(counts, axis=1)
+    send_start = jnp.cumsum(send) - send
+    slot = jnp.arange(capacity)
+    in_buffer = slot[None, :] < send[:, None]  # [ep, capacity]
+    source_row = jnp.minimum(send_start[:, None] + slot[None, :], tokens * k - 1)
+    x_rows = x_TxD[token_of_row]
+    outgoing = jnp.where(in_buffer[..., None], x_rows[source_row], 0).astype(x_TxD.dtype)
+
+    incoming = lax.all_to_all(outgoing, axis, 0, 0)  # [source rank, capacity, D]
+    got = lax.all_to_all(counts, axis, 0, 0)  # [source rank, local expert]: rows received
+
+    # Where each received row goes in the grouped layout (local expert, source rank, order).
+    start_in_buffer = jnp.cumsum(got, axis=1) - got  # of (source, expert) in its buffer
+    group = jnp.sum(got, axis=0)
+    group_start = jnp.cumsum(group) - group
+    from_earlier_sources = jnp.cumsum(got, axis=0) - got
+    ends = start_in_buffer + got
+    expert_of = jnp.sum(slot[None, :, None] >= ends[:, None, :], axis=-1)  # [ep, capacity]
+    received = expert_of < per_rank
+    e = jnp.minimum(expert_of, per_rank - 1)
+    pick = lambda table: jnp.take_along_axis(table, e, axis=1)  # noqa: E731
+    rows_total = ep * capacity
+    dest = (group_start[e] + pick(from_earlier_sources) + slot[None, :] - pick(start_in_buffer))
+    dest = jnp.where(received, dest, rows_total).reshape(-1)
+    # The inverse permutation, so that both directions are gathers.
+    source_of = jnp.full((rows_total,), rows_total, jnp.int32).at[dest].set(
+        jnp.arange(rows_total, dtype=jnp.int32), mode="drop")
+    flat_in = incoming.reshape(rows_total, d)
+    grouped = jnp.where((source_of < rows_total)[:, None], flat_in[jnp.minimum(source_of, rows_total - 1)], 0)
+
+    first_group = lax.axis_index(axis) * per_rank
+    out_rows = run_experts(grouped.astype(x_TxD.dtype), group, kernels, first_group)
+
+    back = jnp.where(received.reshape(-1)[:, None], out_rows[jnp.minimum(dest, rows_total - 1)], 0)
+    returned = lax.all_to_all(back.reshape(ep, capacity, -1).astype(out_rows.dtype), axis, 0, 0)
+
+    # Row i of this device's sorted rows went to rank r at slot i - send_start[r].
+    rank_of_row = flat[order] // per_rank
+    slot_of_row = jnp.arange(tokens * k) - send_start[rank_of_row]
+    y_rows = returned[rank_of_row, slot_of_row]
+    return jnp.zeros((tokens, d), jnp.float32).at[token_of_row].add(
+        y_rows.astype(jnp.float32) * weights_TxK.reshape(-1)[order][:, None])
