@@ -24,6 +24,7 @@ import lp_jax
 from lp_jax import model_registry
 from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
+from lp_jax.data.fingerprint import changes as data_changes, fingerprint as data_fingerprint
 from lp_jax.errors import RunStoppedError, UserError
 from lp_jax.parallel.distributed import is_primary
 from lp_jax.parallel.linear_layout import LinearLayout
@@ -101,6 +102,7 @@ class _Run:
     saved_step: int
     lock: RunLock | None  # process 0's lock on the run folder
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
+    data_fingerprint: dict | None = None  # what the run reads, saved with each checkpoint
 
     def close(self, failing: bool) -> None:
         try:
@@ -134,6 +136,7 @@ def build(plan: ValidatedRun) -> _Run:
     rows = data_lib.host_rows(mesh, global_batch, plan.accum_steps)  # None: this process reads all rows
     train_it = data_lib.train_iterator(splits.train, cfg.seed, global_batch,
                                        cfg.data.read_threads, rows=rows)
+    reads = data_fingerprint(cfg.data, plan.tokenizer, cfg.seed, splits.files)
     val_data = None
     if splits.val is not None and cfg.logging.val_batches > 0:
         val_data = data_lib.validation_batches(splits.val, global_batch,
@@ -165,7 +168,7 @@ def build(plan: ValidatedRun) -> _Run:
         ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
         undo.callback(ckpt.close)
         start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say,
-                                target_in_layout) if cfg.checkpoint.resume else (0, None))
+                                target_in_layout, reads) if cfg.checkpoint.resume else (0, None))
         if primary:
             # Once the resume is settled: a run refused for another model leaves the config.yaml
             # that describes the checkpoints beside it (eval.py builds the model from it).
@@ -193,7 +196,8 @@ def build(plan: ValidatedRun) -> _Run:
                        if every else None)
         built = _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
                      phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
-                     saved_step=start, lock=lock, quant_stats=quant_stats)
+                     saved_step=start, lock=lock, quant_stats=quant_stats,
+                     data_fingerprint=reads)
         undo.pop_all()  # built: the run's close() releases them from here on
         return built
 
@@ -218,12 +222,13 @@ def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
 
 
 def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
-            target_in_layout) -> tuple[int, dict | None]:
+            target_in_layout, reads: dict) -> tuple[int, dict | None]:
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is
-    none yet; a folder whose checkpoints all fail, or that holds another model, is a
-    UserError (one line naming it), never a fresh start over the user's checkpoints. A
-    checkpoint of the other projection layout is converted (``target_in_layout(fused)``
-    is the target it restores into)."""
+    none yet; a folder whose checkpoints all fail, that holds another model, or whose
+    checkpoint was trained on other data or another tokenizer than ``reads`` (the run's
+    data fingerprint) is a UserError (one line naming it), never a fresh start over the
+    user's checkpoints. A checkpoint of the other projection layout is converted
+    (``target_in_layout(fused)`` is the target it restores into)."""
     cfg = plan.config
 
     def same_model_and_stream(step, meta):
@@ -242,6 +247,7 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
                 f"now {cfg.data.seq_len}: the data stream cannot resume at another sequence "
                 "length (data.global_batch_size can change); use another run_dir, or "
                 "init.checkpoint to start a new run from these weights")
+        _check_same_data(step, meta, reads, cfg, ckpt.directory)
 
     found = ckpt.restore_newest(target, train_it, check=same_model_and_stream,
                                 zero_if_missing=("nonfinite_in_a_row",),
@@ -261,11 +267,43 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
     if converted:
         say(converted)
     _check_batch_change(found, cfg, train_it, say)
+    _say_data_changes(found, reads, train_it, say)
     changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
     if changed:
         say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
             "the run will not match an uninterrupted one")
     return found.step, found.state
+
+
+def _check_same_data(step: int, meta: dict, reads: dict, cfg, directory: str) -> None:
+    """A checkpoint trained on other data or another tokenizer (its data fingerprint, see
+    lp_jax/data/fingerprint.py) is refused, unless data.allow_changed: its position in
+    the stream, counted in sequences, would point at other sequences of the new data."""
+    saved = meta.get("data_fingerprint")
+    if not isinstance(saved, dict) or cfg.data.allow_changed:
+        return
+    changed = data_changes(saved, reads)
+    if changed:
+        raise UserError(
+            f"checkpoint {step} in {directory!r} was trained on other data: {'; '.join(changed)}; "
+            "its data position would read sequences twice or never: restore the data and "
+            "tokenizer, use another run_dir (init.checkpoint starts a new run from these "
+            "weights), or set data.allow_changed=true to go on at the same position of the "
+            "new data's stream")
+
+
+def _say_data_changes(found, reads: dict, train_it, say) -> None:
+    """The line a resume says about its data: nothing when it matches the checkpoint's."""
+    saved = found.meta.get("data_fingerprint")
+    if not isinstance(saved, dict):
+        say(f"note: checkpoint {found.step} records no data fingerprint (saved before "
+            "checkpoints did), so a change of data or tokenizer since cannot be detected")
+        return
+    changed = data_changes(saved, reads)
+    if changed:  # only with data.allow_changed=true: _check_same_data refuses it otherwise
+        say(f"warning: data.allow_changed=true: {'; '.join(changed)}; the stream goes on at "
+            f"sequence {train_it.sequences_read} of the new data's order, so some sequences "
+            "are read twice and others never")
 
 
 def _saved_data(meta: dict) -> dict:
@@ -459,6 +497,7 @@ def _save(r: _Run, step: int) -> None:
     r.ckpt.save(step, to_save, r.train_it, {"config": to_dict(r.plan.config),
                                             "recipe": r.plan.phase_at(step).name,
                                             "model": config_to_dict(r.plan.model_config),
+                                            "data_fingerprint": r.data_fingerprint,
                                             "jax": jax.__version__})
     r.saved_step = step
 
