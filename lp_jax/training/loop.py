@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import time
 from typing import Any
@@ -31,7 +32,7 @@ from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.runs import init_weights
 from lp_jax.runs.checkpoint import DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError, abstract_like
-from lp_jax.runs.run_lock import RunFolderLostError, RunLock
+from lp_jax.runs.run_lock import FolderLocks, RunFolderLostError
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.projection_layout import conversion_message, restore_in_saved_layout
@@ -42,6 +43,7 @@ from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.stop_signal import StopSignal
 from lp_jax.training.validate import Phase, ValidatedRun, checkpoint_dir, model_shape_changes
 from models.config import config_to_dict
+from models.files import file_written_whole
 
 
 class NonFiniteLossError(RunStoppedError):
@@ -100,7 +102,7 @@ class _Run:
     progress: metrics_lib.Progress
     device: jax.Device  # this process's first device (memory stats, platform, peak table)
     saved_step: int
-    lock: RunLock | None  # process 0's lock on the run folder
+    lock: FolderLocks | None  # process 0's locks on the run and checkpoint folders
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
     data_fingerprint: dict | None = None  # what the run reads, saved with each checkpoint
 
@@ -159,20 +161,26 @@ def build(plan: ValidatedRun) -> _Run:
             cfg.model.type, model_config, nnx.Rngs(cfg.seed)))), tx, cfg.seed)
         return abstract_like(other, spec.state_shardings(other))
 
-    run_dir = pathlib.Path(cfg.run_dir)
+    # Resolved once, symbolic links and `..` as the kernel takes them, so that config,
+    # metrics and checkpoints land where every reader (checkpoint_folder) looks.
+    run_dir = pathlib.Path(os.path.realpath(cfg.run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = checkpoint_dir(cfg)  # made by _lock, once the run folder is locked
     with contextlib.ExitStack() as undo:  # what is opened is closed again if build fails
-        lock = _lock(run_dir, primary, say)  # before the run folder gets anything else
+        lock = _lock(run_dir, ckpt_dir, primary, say)  # before the folders get anything else
         if lock is not None:
             undo.callback(lock.release)
-        ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
+        ckpt = Checkpointer(ckpt_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
         undo.callback(ckpt.close)
         start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say,
                                 target_in_layout, reads) if cfg.checkpoint.resume else (0, None))
         if primary:
             # Once the resume is settled: a run refused for another model leaves the config.yaml
             # that describes the checkpoints beside it (eval.py builds the model from it).
-            (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+            # Written beside and renamed over: a link named config.yaml is replaced, never
+            # written through.
+            with file_written_whole(run_dir / "config.yaml") as f:
+                f.write(dump_yaml(cfg))
         if state is None:
             state = init_state(build_model, tx, cfg.seed, shardings)
             state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
@@ -202,20 +210,21 @@ def build(plan: ValidatedRun) -> _Run:
         return built
 
 
-def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
-    """Process 0's lock on the run folder; with several processes, all of them refuse
-    together when it is held by another job (so none waits at a collective)."""
+def _lock(run_dir: pathlib.Path, ckpt_dir: str, primary: bool, say) -> FolderLocks | None:
+    """Process 0's locks on the run folder and the checkpoint folder (two jobs sharing
+    either would overwrite each other's files); with several processes, all of them refuse
+    together when one is held by another job (so none waits at a collective)."""
     lock, refusal = None, None
     if primary:
         try:
-            lock = RunLock(run_dir, say)
+            lock = FolderLocks([("run_dir", run_dir), ("checkpoint.dir", ckpt_dir)], say, run_dir)
         except UserError as e:
             refusal = e
     if jax.process_count() > 1:
         held = multihost_utils.process_allgather(np.int32(refusal is not None))
         if refusal is None and np.any(held):
-            refusal = UserError(f"run_dir {str(run_dir)!r} is in use by another job "
-                                "(process 0 says by which)")
+            refusal = UserError(f"run_dir {str(run_dir)!r} or its checkpoint folder is in use "
+                                "by another job (process 0 says by which)")
     if refusal is not None:  # only process 0 takes the lock: a refusal means it holds none
         raise refusal
     return lock
@@ -382,7 +391,10 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         result.step, result.loss = step, values["loss"]
         result.nonfinite_steps = values["nonfinite_steps"]
         # A signal to any process stops all of them after the same step.
-        if stop.agree(folder_lost=r.lock is not None and r.lock.lost()):
+        lost = r.lock.lost() if r.lock is not None else None
+        if stop.agree(folder_lost=lost is not None):
+            if lost is not None and lost != str(pathlib.Path(os.path.realpath(cfg.run_dir))):
+                raise RunFolderLostError(lost, "checkpoint folder")
             raise RunFolderLostError(cfg.run_dir)
         stop.check()  # never save once a second signal came
         # A step whose update was skipped is no step to resume from: the periodic save
