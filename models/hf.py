@@ -116,7 +116,11 @@ def check_tensors(path: str, cfg: LlamaConfig) -> dict[str, str]:
     shapes = _hf_shapes(cfg)
     for file, names in _by_file(files, expected).items():
         with _safe_open(file) as f:
+            held = set(f.keys())
             for name in names:
+                if name not in held:  # the index's weight_map points at the wrong shard
+                    raise HFError(f"{INDEX_FILE} maps tensor {name} to {os.path.basename(file)}, "
+                                  f"which does not hold it{_found_in(path, name, file)}")
                 sl = f.get_slice(name)
                 code, shape = sl.get_dtype(), tuple(sl.get_shape())
                 if code not in _READABLE:
@@ -142,7 +146,31 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
         with _safe_open(file) as f:
             for name in names:
                 out[name] = f.get_tensor(name)
+                _refuse_non_finite(name, out[name], file)
     return out
+
+
+def _refuse_non_finite(name: str, tensor: np.ndarray, file: str) -> None:
+    """A NaN or inf weight would train (or be saved into a checkpoint) as NaN everywhere
+    it reaches: refused, naming the tensor, before any model is built from it."""
+    bad = tensor.size - int(np.count_nonzero(np.isfinite(tensor.astype(np.float32))))
+    if bad:
+        raise HFError(f"tensor {name} in {file} holds {bad} NaN or infinite value(s) of "
+                      f"{tensor.size}; a model is never built from non-finite weights")
+
+
+def _found_in(path: str, name: str, listed: str) -> str:
+    """Where else in the folder tensor ``name`` is (for the wrong-shard message)."""
+    for file in sorted(os.listdir(path)):
+        full = os.path.join(path, file)
+        if file.endswith(".safetensors") and full != listed:
+            try:
+                with safe_open(full, framework="numpy") as f:
+                    if name in f.keys():
+                        return f" (it is in {file})"
+            except SafetensorError:
+                continue
+    return ""
 
 
 def _hf_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:

@@ -252,6 +252,12 @@ class DataConfig:
     # previous document's last token, its EOS (text) or EOD (mock): the position that
     # Megatron's eod_mask_loss masks (loss_mask[tokens == eod] = 0). false: all scored.
     eod_mask_loss: bool = True
+    # A resume refuses data or a tokenizer other than its checkpoint's (files added,
+    # removed or edited, another tokenizer.json: lp_jax/data/fingerprint.py). true: go on
+    # anyway, at the checkpoint's position counted in sequences, which in the new data's
+    # shuffled stream are other sequences (some then read twice, some never); checkpoints
+    # from then on record the new data.
+    allow_changed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

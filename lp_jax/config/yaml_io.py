@@ -134,7 +134,8 @@ def to_dict(config: Any) -> Any:
 # Keys that may change between sessions of one run without making it another run (the
 # quant-stats probe runs beside the step and changes nothing in it).
 SESSION_KEYS = frozenset({"stop_at", "run_dir", "checkpoint.dir", "logging.progress_bar",
-                          "logging.quant_stats_every", "checkpoint.preempted_exit_code"})
+                          "logging.quant_stats_every", "checkpoint.preempted_exit_code",
+                          "data.allow_changed"})
 
 
 def changed_keys(saved: dict, current: dict, ignore=SESSION_KEYS) -> list[str]:

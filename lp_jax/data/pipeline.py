@@ -20,7 +20,8 @@ import numpy as np
 
 from lp_jax.data import megatron, shards
 from lp_jax.data.batch_stream import BatchStream
-from lp_jax.data.prepare_data import cached_text_shards
+from lp_jax.data.fingerprint import common_root, file_entries
+from lp_jax.data.prepare_data import text_shards
 from lp_jax.errors import UserError
 from lp_jax.parallel.partitioning import batch_sharding
 
@@ -304,6 +305,9 @@ class Splits:
     train: Any
     val: Any | None
     description: str
+    # What the splits read, for the checkpoints' data fingerprint (lp_jax/data/fingerprint.py):
+    # split -> {path relative to the data's folder: size and hash}; None: no files (mock).
+    files: dict | None = None
 
 
 def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool = True) -> Splits:
@@ -323,15 +327,19 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
     binary: list[str] = []
     if data_cfg.source == "text":
         try:
-            train_paths, val_paths, binary = cached_text_shards(
-                data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction, tokenizer,
-                data_cfg.cache_dir, progress=progress)
+            text = text_shards(data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction,
+                               tokenizer, data_cfg.cache_dir, progress=progress)
         except ValueError as e:
             raise UserError(f"data.paths: {e}") from None
+        train_paths, val_paths, binary = text.train, text.val, text.binary
+        files = {"train": file_entries(text.train_files, text.root, text.digests),
+                 "val": file_entries(text.val_files, text.root, text.digests)}
         what = ", ".join(data_cfg.paths) or "the Python standard library"
     else:  # tokens
         train_paths = shards.expand_globs(data_cfg.paths)
         val_paths = shards.expand_globs(data_cfg.val_paths)
+        root = common_root(train_paths + val_paths)
+        files = {"train": file_entries(train_paths, root), "val": file_entries(val_paths, root)}
         what = ", ".join(data_cfg.paths)
 
     def packed(paths, key):
@@ -355,7 +363,8 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
             val = None
     skipped = f"; skipped {len(binary)} binary file(s), e.g. {binary[0]}" if binary else ""
     return Splits(train, val, f"{what}: {tokens:,} training tokens ({tokenizer.name}), "
-                              f"{0 if val is None else len(val):,} validation sequences{skipped}")
+                              f"{0 if val is None else len(val):,} validation sequences{skipped}",
+                  files)
 
 
 def open_megatron_splits(data_cfg, tokenizer, vocab_size: int, seed: int,
@@ -382,7 +391,7 @@ def open_megatron_splits(data_cfg, tokenizer, vocab_size: int, seed: int,
         parts["train"].append((dataset.prefix, dataset.tokens[:cut], starts[:docs - held + 1]))
         if held:
             parts["val"].append((dataset.prefix, dataset.tokens[cut:], starts[docs - held:] - cut))
-    val_weights = weights
+    val_weights, val_sets = weights, []
     if data_cfg.val_paths:
         val_sets, val_weights = opened(data_cfg.val_paths, "data.val_paths")
         parts["val"] = [(d.prefix, d.tokens, d.document_starts) for d in val_sets]
@@ -418,7 +427,17 @@ def open_megatron_splits(data_cfg, tokenizer, vocab_size: int, seed: int,
         f"{w:.3g}" for w in weights)
     return Splits(train, val, f"{len(train_sets)} Megatron dataset(s){blend}: {tokens:,} "
                               f"training tokens, {0 if val is None else len(val):,} validation "
-                              "sequences")
+                              "sequences", _megatron_files(train_sets, val_sets))
+
+
+def _megatron_files(train_sets, val_sets) -> dict:
+    """The .bin and .idx files of the Megatron datasets, for the data fingerprint (a split
+    held out of a training dataset is in its files)."""
+    def paths(sets):
+        return [d.prefix + suffix for d in sets for suffix in (".bin", ".idx")]
+
+    root = common_root(paths(train_sets) + paths(val_sets))
+    return {"train": file_entries(paths(train_sets), root), "val": file_entries(paths(val_sets), root)}
 
 
 def host_rows(mesh, global_batch_size: int, accum_steps: int) -> np.ndarray | None:

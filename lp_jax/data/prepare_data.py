@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -33,6 +34,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from lp_jax.data import megatron, parts, readers, shards
+from lp_jax.data.fingerprint import content_sha256, tokenizer_identity
 from lp_jax.data.readers import InputError, InputFile, is_binary  # noqa: F401  (is_binary: API)
 from lp_jax.data.tokenize_files import (BY_DOCUMENT, SPLITS, FileJob, Settings, TaskResult,
                                         init_worker, tokenize_task, tokenize_task_in_worker)
@@ -247,15 +249,38 @@ def _append(result: TaskResult, writers: dict) -> None:
         os.remove(path)
 
 
+@dataclasses.dataclass(frozen=True)
+class TextShards:
+    """The token shards of a run's text files (``text_shards``)."""
+
+    train: list[str]  # shard paths
+    val: list[str]
+    binary: list[str]  # files the globs matched and left out as binary
+    train_files: list[str]  # the text files of each split
+    val_files: list[str]
+    root: str  # their common folder
+    digests: dict[str, str]  # text file -> SHA-256 of its bytes
+
+
 def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: float,
                        tokenizer: Tokenizer, cache_dir: str | None,
                        progress: bool = True) -> tuple[list[str], list[str], list[str]]:
     """Shard paths (train, val) for text files, tokenizing into the cache on first use, and
-    the binary files the globs matched and left out.
+    the binary files the globs matched and left out (``text_shards`` says more)."""
+    found = text_shards(globs, val_globs, val_fraction, tokenizer, cache_dir, progress)
+    return found.train, found.val, found.binary
 
-    The cache key covers the tokenizer, the split and each file's path, size and mtime,
-    so an edited file or another tokenizer makes a new entry. Entries are built in a
-    temporary folder and renamed into place, so concurrent runs never read half of one.
+
+def text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: float,
+                tokenizer: Tokenizer, cache_dir: str | None, progress: bool = True) -> TextShards:
+    """The token shards of the text files the globs name, tokenizing into the cache on
+    first use.
+
+    The cache key covers the tokenizer's content, the split and each file's path and the
+    SHA-256 of its bytes, so an edited file (even one of the same size and modification
+    time) or another tokenizer makes a new entry; hashing costs a fraction of tokenizing.
+    Entries are built in a temporary folder and renamed into place, so concurrent runs
+    never read half of one.
     """
     files, root, binary = text_files(globs)
     if val_globs:
@@ -267,7 +292,13 @@ def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fract
         train_files, val_files = split_by_file(files, root, val_fraction)
     if not train_files:
         raise ValueError("data.paths leaves no training file once the validation files are removed")
-    key = _fingerprint(tokenizer, root, train_files, val_files)
+    digests = {}
+    for f in [*train_files, *val_files]:
+        try:
+            digests[f] = content_sha256(f)
+        except OSError as e:
+            raise InputError(f"{f!r} cannot be read: {e.strerror or e}") from None
+    key = _cache_key(tokenizer, root, train_files, val_files, digests)
     entry = pathlib.Path(cache_dir or default_cache_dir()) / "tokens" / key
     if not (entry / shards.META).is_file():
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +314,8 @@ def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fract
             shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((entry / shards.META).read_text())
     paths = {s: [str(entry / p) for p in meta["splits"][s]["shards"]] for s in ("train", "val")}
-    return paths["train"], paths["val"], binary
+    return TextShards(paths["train"], paths["val"], binary, list(train_files), list(val_files),
+                      root, digests)
 
 
 def default_cache_dir() -> str:
@@ -291,18 +323,13 @@ def default_cache_dir() -> str:
     return os.path.join(base, "lp_jax")
 
 
-def _fingerprint(tokenizer: Tokenizer, root: str, train: Sequence[str], val: Sequence[str]) -> str:
+def _cache_key(tokenizer: Tokenizer, root: str, train: Sequence[str], val: Sequence[str],
+               digests: dict[str, str]) -> str:
     h = hashlib.sha256()
-    tok_file = getattr(tokenizer, "path", None)
-    tok_id = [tokenizer.name, tokenizer.vocab_size, tokenizer.bos_id, tokenizer.eos_id]
-    if tok_file is not None:
-        st = os.stat(tok_file)
-        tok_id += [st.st_size, st.st_mtime_ns]
-    h.update(json.dumps([FORMAT_VERSION, tok_id]).encode())
+    h.update(json.dumps([FORMAT_VERSION, tokenizer_identity(tokenizer)], sort_keys=True).encode())
     for split, files in (("train", train), ("val", val)):
         for f in files:
-            st = os.stat(f)
-            h.update(f"{split}\0{os.path.relpath(f, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            h.update(f"{split}\0{os.path.relpath(f, root)}\0{digests[f]}\n".encode())
     return h.hexdigest()[:20]
 
 

@@ -67,7 +67,9 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
-        self.directory = os.path.abspath(directory)
+        # Resolved as the kernel does (links, then ".."), as checkpoint_folder names it for
+        # the readers; a textual abspath would put "L/../r" elsewhere when L is a link.
+        self.directory = os.path.realpath(directory)
         self._pending = None  # the step of an asynchronous save that may still be writing
         # A save that fails in Orbax's background threads is logged there, tracebacks and
         # all, several times over; the error this class raises for it says it once.

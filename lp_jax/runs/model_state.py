@@ -39,7 +39,7 @@ def restore_model_state(abstract_model: Any, checkpoint_dir: str, step: int | No
     with orbax_logs(logging.ERROR), abandoned_reads_hushed():
         # A PyTree handler reads the item whether it was written with StandardSave or
         # PyTreeSave, and knows its saved structure before anything is restored.
-        manager = ocp.CheckpointManager(os.path.abspath(checkpoint_dir),
+        manager = ocp.CheckpointManager(os.path.realpath(checkpoint_dir),
                                         item_handlers={"state": ocp.PyTreeCheckpointHandler()})
         try:
             step = manager.latest_step() if step is None else step

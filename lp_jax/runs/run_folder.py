@@ -42,8 +42,9 @@ class SavedRun:
 
 def checkpoint_folder(run_dir: str, checkpoint_dir: str | None = None) -> str:
     """Where a run's checkpoints are: ``checkpoint.dir`` when the config sets it (relative
-    to where the run ran), else RUN_DIR/checkpoints."""
-    return checkpoint_dir or os.path.join(run_dir, "checkpoints")
+    to where the run ran), else RUN_DIR/checkpoints; resolved as the kernel resolves it
+    (symbolic links, then ``..``), the one way the trainer and every reader name it."""
+    return os.path.realpath(checkpoint_dir or os.path.join(run_dir, "checkpoints"))
 
 
 def split_step(spec: str) -> tuple[str, int | None]:
@@ -72,7 +73,7 @@ def _locate(path: str) -> tuple[str, str | None]:
     if not os.path.isdir(path):
         raise UserError(f"{path}: no such folder")
     if _is_step_dir(path):
-        return os.path.dirname(os.path.abspath(path)), int(os.path.basename(os.path.normpath(path)))
+        return os.path.dirname(os.path.realpath(path)), int(os.path.basename(os.path.normpath(path)))
     config_path = os.path.join(path, "config.yaml")
     if os.path.isfile(config_path):
         with open(config_path) as f:
@@ -105,7 +106,7 @@ def read_meta(checkpoint_dir: str, step: int | None = None) -> tuple[int, dict |
     """(step, its `meta` item or None when it has none) of a checkpoint folder; the latest
     step by default. A meta item that cannot be read is a UserError."""
     options = ocp.CheckpointManagerOptions(create=False)
-    with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
+    with ocp.CheckpointManager(os.path.realpath(checkpoint_dir), options=options) as manager:
         steps = _steps(manager, checkpoint_dir)
         if step is None:
             step = steps[-1]
@@ -257,7 +258,7 @@ def saved_steps(checkpoint_dir: str) -> list[int]:
     if not os.path.isdir(checkpoint_dir):
         raise UserError(f"{checkpoint_dir}: no checkpoint folder")
     options = ocp.CheckpointManagerOptions(create=False)
-    with ocp.CheckpointManager(os.path.abspath(checkpoint_dir), options=options) as manager:
+    with ocp.CheckpointManager(os.path.realpath(checkpoint_dir), options=options) as manager:
         return _steps(manager, checkpoint_dir)
 
 

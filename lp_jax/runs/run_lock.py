@@ -1,7 +1,10 @@
-"""One run folder, one writer: the lock a training run holds on its run folder.
+"""One folder, one writer: the locks a training run holds on every folder it writes.
 
-The lock is ``RUN_DIR/train.lock``, a file that names its holder (process id, host, start
-time) and carries an exclusive ``flock`` for as long as the holder lives. The kernel drops
+A run writes its run folder and its checkpoint folder (``checkpoint.dir``, which may be
+elsewhere and may be named by another run too): each gets a lock (``FolderLocks``). The lock
+is ``FOLDER/train.lock``, a file that names its holder (process id, host, start time, run
+folder) and carries an exclusive ``flock`` for as long as the holder lives. It is never
+opened through a symbolic link (a link there would have the lock written into its target). The kernel drops
 a flock when its process dies, however it dies, so a lock file whose flock can be taken is
 stale (its process was killed before it could remove it) and is taken over; one whose
 flock is held refuses the second job, naming the holder. The holder also watches the file:
@@ -23,28 +26,33 @@ LOCK_NAME = "train.lock"
 
 
 class RunFolderLostError(RunStoppedError):
-    """The run folder went away (or was replaced) while the run held it: nothing written
-    from here on would be found, so the run stops."""
+    """A folder of the run went away (or was replaced) while the run held it: nothing
+    written from here on would be found, so the run stops."""
 
-    def __init__(self, run_dir: str):
-        super().__init__(f"the run folder {run_dir!r} was removed or replaced during the run; "
+    def __init__(self, run_dir: str, what: str = "run folder"):
+        super().__init__(f"the {what} {run_dir!r} was removed or replaced during the run; "
                          "nothing written from here on could be found")
 
 
 class RunLock:
-    """The lock of ``run_dir`` (which must exist), taken at construction."""
+    """The lock of ``folder`` (which must exist), taken at construction. ``key`` is the
+    config key that names the folder (for the refusal), ``run_dir`` the run folder of the
+    run taking it (recorded, so that a refused job learns which run holds the folder)."""
 
-    def __init__(self, run_dir: str | os.PathLike, say=print):
-        self.path = os.path.join(os.fspath(run_dir), LOCK_NAME)
+    def __init__(self, folder: str | os.PathLike, say=print, key: str = "run_dir",
+                 run_dir: str | os.PathLike | None = None):
+        self.path = os.path.join(os.fspath(folder), LOCK_NAME)
+        self.key = key
         self._fd = None
         while self._fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_no_link(self.path, key)
             if not _try_flock(fd, self.path):
                 holder = _describe(_read(fd))
                 os.close(fd)
-                raise UserError(f"run_dir {os.path.dirname(self.path)!r} is in use by {holder} "
-                                f"(lock {self.path}): one run folder takes one job; wait for "
-                                "it to end, or use another run_dir")
+                what = "run folder" if key == "run_dir" else "checkpoint folder"
+                raise UserError(f"{key} {os.path.dirname(self.path)!r} is in use by {holder} "
+                                f"(lock {self.path}): one {what} takes one job; wait for "
+                                f"it to end, or use another {key}")
             if _same_file(fd, self.path):
                 self._fd = fd
             else:  # the holder removed the file between our open and our flock: try again
@@ -55,6 +63,8 @@ class RunLock:
                 f"running ({self.path})")
         record = {"pid": os.getpid(), "host": socket.gethostname(),
                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if run_dir is not None:
+            record["run_dir"] = os.fspath(run_dir)
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, (json.dumps(record) + "\n").encode(), 0)
         os.fsync(self._fd)
@@ -73,6 +83,51 @@ class RunLock:
         self._fd = None
 
 
+class FolderLocks:
+    """The locks of the folders a run writes, ``[(config key, folder), ...]``, taken in that
+    order (folders that resolve to one are locked once); released together."""
+
+    def __init__(self, folders, say=print, run_dir: str | os.PathLike | None = None):
+        self.locks: list[RunLock] = []
+        seen = set()
+        try:
+            for key, folder in folders:
+                real = os.path.realpath(folder)
+                if real not in seen:
+                    seen.add(real)
+                    # Made only once the folders before it are locked: a refused job makes
+                    # no folder in a run folder that another job holds.
+                    os.makedirs(real, exist_ok=True)
+                    self.locks.append(RunLock(real, say, key, run_dir))
+        except BaseException:
+            self.release()
+            raise
+
+    def lost(self) -> str | None:
+        """The first folder whose lock file is no longer this run's (removed, moved or
+        replaced), or None."""
+        for lock in self.locks:
+            if lock.lost():
+                return os.path.dirname(lock.path)
+        return None
+
+    def release(self) -> None:
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def _open_no_link(path: str, key: str) -> int:
+    """The lock file, opened (or made) without following a symbolic link: a link named
+    train.lock would have the lock record written over the file it points at."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UserError(f"{key}: {path} is a symbolic link (to {os.readlink(path)!r}); a "
+                            "run never writes through a link: remove it") from None
+        raise
+
+
 def _try_flock(fd: int, path: str) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,8 +141,8 @@ def _try_flock(fd: int, path: str) -> bool:
 
 def _same_file(fd: int, path: str) -> bool:
     try:
-        here, there = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
+        here, there = os.fstat(fd), os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # removed, or its folder replaced by a file
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
@@ -106,5 +161,6 @@ def _read(fd: int) -> dict | None:
 def _describe(record: dict | None) -> str:
     if not record or "pid" not in record:
         return "another process (its lock file names none)"
+    run = f", run_dir {record['run_dir']!r}" if record.get("run_dir") else ""
     return (f"process {record['pid']} on {record.get('host', '?')} "
-            f"(since {record.get('started', '?')})")
+            f"(since {record.get('started', '?')}){run}")

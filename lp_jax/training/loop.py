@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import pathlib
 import time
 from typing import Any
@@ -24,13 +25,14 @@ import lp_jax
 from lp_jax import model_registry
 from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
+from lp_jax.data.fingerprint import changes as data_changes, fingerprint as data_fingerprint
 from lp_jax.errors import RunStoppedError, UserError
 from lp_jax.parallel.distributed import is_primary
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.runs import init_weights
 from lp_jax.runs.checkpoint import DAMAGED_SUFFIX, Checkpointer, CheckpointWriteError, abstract_like
-from lp_jax.runs.run_lock import RunFolderLostError, RunLock
+from lp_jax.runs.run_lock import FolderLocks, RunFolderLostError
 from lp_jax.training import metrics as metrics_lib
 from lp_jax.training.optimizer import make_optimizer
 from lp_jax.training.projection_layout import conversion_message, restore_in_saved_layout
@@ -41,6 +43,7 @@ from lp_jax.training.step import StepSpec, eval_step, jitted_train_step
 from lp_jax.training.stop_signal import StopSignal
 from lp_jax.training.validate import Phase, ValidatedRun, checkpoint_dir, model_shape_changes
 from models.config import config_to_dict
+from models.files import file_written_whole
 
 
 class NonFiniteLossError(RunStoppedError):
@@ -99,8 +102,9 @@ class _Run:
     progress: metrics_lib.Progress
     device: jax.Device  # this process's first device (memory stats, platform, peak table)
     saved_step: int
-    lock: RunLock | None  # process 0's lock on the run folder
+    lock: FolderLocks | None  # process 0's locks on the run and checkpoint folders
     quant_stats: QuantStatsProbe | None = None  # logging.quant_stats_every > 0
+    data_fingerprint: dict | None = None  # what the run reads, saved with each checkpoint
 
     def close(self, failing: bool) -> None:
         try:
@@ -134,6 +138,7 @@ def build(plan: ValidatedRun) -> _Run:
     rows = data_lib.host_rows(mesh, global_batch, plan.accum_steps)  # None: this process reads all rows
     train_it = data_lib.train_iterator(splits.train, cfg.seed, global_batch,
                                        cfg.data.read_threads, rows=rows)
+    reads = data_fingerprint(cfg.data, plan.tokenizer, cfg.seed, splits.files)
     val_data = None
     if splits.val is not None and cfg.logging.val_batches > 0:
         val_data = data_lib.validation_batches(splits.val, global_batch,
@@ -156,20 +161,26 @@ def build(plan: ValidatedRun) -> _Run:
             cfg.model.type, model_config, nnx.Rngs(cfg.seed)))), tx, cfg.seed)
         return abstract_like(other, spec.state_shardings(other))
 
-    run_dir = pathlib.Path(cfg.run_dir)
+    # Resolved once, symbolic links and `..` as the kernel takes them, so that config,
+    # metrics and checkpoints land where every reader (checkpoint_folder) looks.
+    run_dir = pathlib.Path(os.path.realpath(cfg.run_dir))
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = checkpoint_dir(cfg)  # made by _lock, once the run folder is locked
     with contextlib.ExitStack() as undo:  # what is opened is closed again if build fails
-        lock = _lock(run_dir, primary, say)  # before the run folder gets anything else
+        lock = _lock(run_dir, ckpt_dir, primary, say)  # before the folders get anything else
         if lock is not None:
             undo.callback(lock.release)
-        ckpt = Checkpointer(checkpoint_dir(cfg), cfg.checkpoint.keep, cfg.checkpoint.async_save)
+        ckpt = Checkpointer(ckpt_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
         undo.callback(ckpt.close)
         start, state = (_resume(plan, ckpt, abstract_like(target, shardings), train_it, say,
-                                target_in_layout) if cfg.checkpoint.resume else (0, None))
+                                target_in_layout, reads) if cfg.checkpoint.resume else (0, None))
         if primary:
             # Once the resume is settled: a run refused for another model leaves the config.yaml
             # that describes the checkpoints beside it (eval.py builds the model from it).
-            (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+            # Written beside and renamed over: a link named config.yaml is replaced, never
+            # written through.
+            with file_written_whole(run_dir / "config.yaml") as f:
+                f.write(dump_yaml(cfg))
         if state is None:
             state = init_state(build_model, tx, cfg.seed, shardings)
             state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
@@ -193,37 +204,40 @@ def build(plan: ValidatedRun) -> _Run:
                        if every else None)
         built = _Run(plan, say, mesh, spec, jitted_train_step(spec, state), train_it, val_data, ckpt,
                      phase, graphdef, state, start, writer, progress, jax.local_devices()[0],
-                     saved_step=start, lock=lock, quant_stats=quant_stats)
+                     saved_step=start, lock=lock, quant_stats=quant_stats,
+                     data_fingerprint=reads)
         undo.pop_all()  # built: the run's close() releases them from here on
         return built
 
 
-def _lock(run_dir: pathlib.Path, primary: bool, say) -> RunLock | None:
-    """Process 0's lock on the run folder; with several processes, all of them refuse
-    together when it is held by another job (so none waits at a collective)."""
+def _lock(run_dir: pathlib.Path, ckpt_dir: str, primary: bool, say) -> FolderLocks | None:
+    """Process 0's locks on the run folder and the checkpoint folder (two jobs sharing
+    either would overwrite each other's files); with several processes, all of them refuse
+    together when one is held by another job (so none waits at a collective)."""
     lock, refusal = None, None
     if primary:
         try:
-            lock = RunLock(run_dir, say)
+            lock = FolderLocks([("run_dir", run_dir), ("checkpoint.dir", ckpt_dir)], say, run_dir)
         except UserError as e:
             refusal = e
     if jax.process_count() > 1:
         held = multihost_utils.process_allgather(np.int32(refusal is not None))
         if refusal is None and np.any(held):
-            refusal = UserError(f"run_dir {str(run_dir)!r} is in use by another job "
-                                "(process 0 says by which)")
+            refusal = UserError(f"run_dir {str(run_dir)!r} or its checkpoint folder is in use "
+                                "by another job (process 0 says by which)")
     if refusal is not None:  # only process 0 takes the lock: a refusal means it holds none
         raise refusal
     return lock
 
 
 def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
-            target_in_layout) -> tuple[int, dict | None]:
+            target_in_layout, reads: dict) -> tuple[int, dict | None]:
     """(step, state) of the newest checkpoint that restores, or (0, None) when there is
-    none yet; a folder whose checkpoints all fail, or that holds another model, is a
-    UserError (one line naming it), never a fresh start over the user's checkpoints. A
-    checkpoint of the other projection layout is converted (``target_in_layout(fused)``
-    is the target it restores into)."""
+    none yet; a folder whose checkpoints all fail, that holds another model, or whose
+    checkpoint was trained on other data or another tokenizer than ``reads`` (the run's
+    data fingerprint) is a UserError (one line naming it), never a fresh start over the
+    user's checkpoints. A checkpoint of the other projection layout is converted
+    (``target_in_layout(fused)`` is the target it restores into)."""
     cfg = plan.config
 
     def same_model_and_stream(step, meta):
@@ -242,6 +256,7 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
                 f"now {cfg.data.seq_len}: the data stream cannot resume at another sequence "
                 "length (data.global_batch_size can change); use another run_dir, or "
                 "init.checkpoint to start a new run from these weights")
+        _check_same_data(step, meta, reads, cfg, ckpt.directory)
 
     found = ckpt.restore_newest(target, train_it, check=same_model_and_stream,
                                 zero_if_missing=("nonfinite_in_a_row",),
@@ -261,11 +276,43 @@ def _resume(plan: ValidatedRun, ckpt: Checkpointer, target, train_it, say,
     if converted:
         say(converted)
     _check_batch_change(found, cfg, train_it, say)
+    _say_data_changes(found, reads, train_it, say)
     changed = changed_keys(with_defaults(found.meta.get("config", {})), to_dict(cfg))
     if changed:
         say(f"warning: config differs from the checkpoint's in {', '.join(changed)}; "
             "the run will not match an uninterrupted one")
     return found.step, found.state
+
+
+def _check_same_data(step: int, meta: dict, reads: dict, cfg, directory: str) -> None:
+    """A checkpoint trained on other data or another tokenizer (its data fingerprint, see
+    lp_jax/data/fingerprint.py) is refused, unless data.allow_changed: its position in
+    the stream, counted in sequences, would point at other sequences of the new data."""
+    saved = meta.get("data_fingerprint")
+    if not isinstance(saved, dict) or cfg.data.allow_changed:
+        return
+    changed = data_changes(saved, reads)
+    if changed:
+        raise UserError(
+            f"checkpoint {step} in {directory!r} was trained on other data: {'; '.join(changed)}; "
+            "its data position would read sequences twice or never: restore the data and "
+            "tokenizer, use another run_dir (init.checkpoint starts a new run from these "
+            "weights), or set data.allow_changed=true to go on at the same position of the "
+            "new data's stream")
+
+
+def _say_data_changes(found, reads: dict, train_it, say) -> None:
+    """The line a resume says about its data: nothing when it matches the checkpoint's."""
+    saved = found.meta.get("data_fingerprint")
+    if not isinstance(saved, dict):
+        say(f"note: checkpoint {found.step} records no data fingerprint (saved before "
+            "checkpoints did), so a change of data or tokenizer since cannot be detected")
+        return
+    changed = data_changes(saved, reads)
+    if changed:  # only with data.allow_changed=true: _check_same_data refuses it otherwise
+        say(f"warning: data.allow_changed=true: {'; '.join(changed)}; the stream goes on at "
+            f"sequence {train_it.sequences_read} of the new data's order, so some sequences "
+            "are read twice and others never")
 
 
 def _saved_data(meta: dict) -> dict:
@@ -344,7 +391,10 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         result.step, result.loss = step, values["loss"]
         result.nonfinite_steps = values["nonfinite_steps"]
         # A signal to any process stops all of them after the same step.
-        if stop.agree(folder_lost=r.lock is not None and r.lock.lost()):
+        lost = r.lock.lost() if r.lock is not None else None
+        if stop.agree(folder_lost=lost is not None):
+            if lost is not None and lost != str(pathlib.Path(os.path.realpath(cfg.run_dir))):
+                raise RunFolderLostError(lost, "checkpoint folder")
             raise RunFolderLostError(cfg.run_dir)
         stop.check()  # never save once a second signal came
         # A step whose update was skipped is no step to resume from: the periodic save
@@ -459,6 +509,7 @@ def _save(r: _Run, step: int) -> None:
     r.ckpt.save(step, to_save, r.train_it, {"config": to_dict(r.plan.config),
                                             "recipe": r.plan.phase_at(step).name,
                                             "model": config_to_dict(r.plan.model_config),
+                                            "data_fingerprint": r.data_fingerprint,
                                             "jax": jax.__version__})
     r.saved_step = step
 

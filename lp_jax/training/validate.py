@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 import jax
+import yaml
 
 import lp_jax
 from lp_jax.config.recipe_options import split_overrides
@@ -338,10 +339,67 @@ def _check_run_folders(c: TrainConfig) -> None:
         problem = write_problem(folder)
         if problem:
             raise UserError(f"{key}: {problem}")
-    if not c.checkpoint.resume and os.path.isdir(directory) and any(
-            name.isdigit() for name in os.listdir(directory)):
+    has_checkpoints = os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+    if not c.checkpoint.resume and has_checkpoints:
         raise UserError(f"checkpoint.resume=false but {directory!r} already holds checkpoints; "
                         "choose another run_dir or remove them")
+    _refuse_links(c.run_dir)
+    if not has_checkpoints:
+        _refuse_another_runs_files(c, directory)
+
+
+# The files a run writes in its run folder (the lock in the checkpoint folder too).
+RUN_FILES = ("train.lock", "config.yaml", "metrics.jsonl")
+
+
+def _refuse_links(run_dir: str) -> None:
+    """A symbolic link in place of a file the run writes would have the run write into the
+    file it points at (a config, another run's metrics): refused, before anything is written."""
+    for name in RUN_FILES:
+        path = os.path.join(run_dir, name)
+        if os.path.islink(path):
+            raise UserError(f"run_dir: {path} is a symbolic link (to {os.readlink(path)!r}); a "
+                            "run never writes through a link: remove it, or replace it with a copy")
+
+
+def _refuse_another_runs_files(c: TrainConfig, directory: str) -> None:
+    """A fresh run (no checkpoint in its folder) in a run folder that holds another run's
+    config.yaml and metrics.jsonl, whose checkpoints are in another folder, would overwrite
+    them: refused, saying where that run's checkpoints are."""
+    config_path = os.path.join(c.run_dir, "config.yaml")
+    metrics_path = os.path.join(c.run_dir, "metrics.jsonl")
+    if not os.path.isfile(config_path) and not os.path.isfile(metrics_path):
+        return
+    theirs = None
+    if os.path.isfile(config_path):
+        try:
+            with open(config_path) as f:
+                raw = yaml.safe_load(f)
+            saved_dir = ((raw or {}).get("checkpoint") or {}).get("dir")
+        except (OSError, ValueError, yaml.YAMLError, AttributeError):
+            saved_dir = "?"  # unreadable: whose it is cannot be told, so it is not overwritten
+        theirs = saved_dir if saved_dir == "?" else checkpoint_folder(c.run_dir, saved_dir)
+        if theirs == directory:  # this run's own files, from before any checkpoint: a restart
+            return
+    rows = _count_lines(metrics_path)
+    if theirs is None and not rows:
+        return
+    where = (f"whose checkpoints are in {theirs!r}" if theirs not in (None, "?")
+             else "whose checkpoints are not in it")
+    written = " and ".join(name for name, there in (("config.yaml", os.path.isfile(config_path)),
+                                                    (f"metrics.jsonl ({rows} rows)", rows))
+                           if there)
+    raise UserError(f"run_dir {c.run_dir!r} holds another run's {written}, {where}, and "
+                    f"checkpoint.dir {directory!r} holds no checkpoint: a fresh run would "
+                    "overwrite them; resume that run with its checkpoint.dir, or use another run_dir")
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
 
 
 def checkpoint_dir(c: TrainConfig) -> str:

@@ -1,10 +1,14 @@
 """Bad data (docs/bad_input.md, cases 1, 2, 7, 8): refused with one line naming the file,
-exit 2, before the run folder is written; binary text files are skipped and counted."""
+exit 2, before the run folder is written; binary text files are skipped and counted; the
+token cache follows the files' content."""
+import os
+
 import numpy as np
 import pytest
 
 from lp_jax.config.yaml_io import load_config
 from lp_jax.data import pipeline as data
+from lp_jax.data.prepare_data import cached_text_shards
 from lp_jax.data.tokenizers import ByteTokenizer
 from lp_jax.errors import UserError
 from tests.support.bad_input import ROOT, only_line, tiny, train
@@ -180,3 +184,25 @@ def test_a_damaged_shard_is_one_line_from_the_real_command(tmp_path, token_cache
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"train.py: error: data.paths: token shard '{shard}'")
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_text_file_edited_with_the_same_size_and_time_is_tokenized_again(tmp_path):
+    """The token cache is keyed by each file's content: an edit that keeps the size and
+    the modification time (a tool that restores mtimes, a copy with `cp -p`) used to be
+    served the old tokens."""
+    for i in range(3):
+        (tmp_path / f"doc{i}.txt").write_text(f"document number {i} " * 40)
+    args = ([str(tmp_path / "*.txt")], [], 0.3, ByteTokenizer(), str(tmp_path / "cache"), False)
+
+    def tokens():
+        train, val, _ = cached_text_shards(*args)
+        return np.concatenate([np.load(p) for p in train + val])
+
+    assert ord("D") not in tokens()
+    doc = tmp_path / "doc0.txt"
+    before = doc.stat()
+    doc.write_text(doc.read_text().replace("document", "DOCUMENT"))
+    os.utime(doc, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = doc.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert np.count_nonzero(tokens() == ord("D")) == 40

@@ -1,10 +1,12 @@
 """eval.py and `python -m models.hf` on folders that do not fit (docs/bad_input.md, cases 1
 and 7): one line, exit 2, no accuracy printed from NaN scores, no results file."""
 import importlib.util
+import json
 import pathlib
 import shutil
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -12,7 +14,8 @@ from lp_jax.evaluation import cli
 from lp_jax.evaluation.scorer import LoglikelihoodScorer, UnscorableError
 from models import hf_cli
 from models.config import preset
-from models.hf import save_hf
+from models.hf import read_hf_config, read_params, save_hf
+from models.hf_config import HFError, config_from_hf
 from models.llama import Llama
 from tests.support.eval_toys import ByteTokenizer, write_byte_level_tokenizer
 
@@ -101,3 +104,55 @@ def test_hf_import_of_a_truncated_shard(tmp_path, capsys):
     _truncate(folder / "model-00002-of-00003.safetensors")
     assert hf_cli.main(["import", str(folder), str(tmp_path / "ckpt")]) == 2
     assert "model-00002-of-00003.safetensors is not a readable safetensors" in capsys.readouterr().err
+
+
+def _import_error(capsys, folder, out) -> str:
+    """The one line of a refused `python -m models.hf import` (exit 2, nothing written)."""
+    assert hf_cli.main(["import", str(folder), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert not out.exists()
+    return err.strip()
+
+
+def test_hf_import_of_an_index_that_maps_a_tensor_to_the_wrong_shard(tmp_path, capsys):
+    folder = tmp_path / "sharded"
+    shutil.copytree(SHARDED, folder)
+    index = folder / "model.safetensors.index.json"
+    layout = json.loads(index.read_text())
+    assert layout["weight_map"]["model.embed_tokens.weight"] == "model-00001-of-00003.safetensors"
+    layout["weight_map"]["model.embed_tokens.weight"] = "model-00002-of-00003.safetensors"
+    index.write_text(json.dumps(layout))
+    err = _import_error(capsys, folder, tmp_path / "ckpt")
+    assert err == ("error: model.safetensors.index.json maps tensor model.embed_tokens.weight to "
+                   "model-00002-of-00003.safetensors, which does not hold it (it is in "
+                   "model-00001-of-00003.safetensors)")
+
+
+def _with_nan(folder, shard: str, name: str) -> None:
+    """Sets one value of tensor ``name`` in ``shard`` of the folder to NaN."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy for safetensors)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(folder / shard))
+    tensor = tensors[name].copy()
+    tensor.flat[3] = np.nan
+    tensors[name] = tensor
+    save_file(tensors, str(folder / shard), metadata={"format": "pt"})
+
+
+def test_hf_import_of_a_nan_weight_is_refused_naming_the_tensor(tmp_path, capsys):
+    """Before, the NaN was imported (exit 0) into a checkpoint, and init.hf then stopped on
+    a PoisonedStateError traceback at the first save."""
+    folder = tmp_path / "sharded"
+    shutil.copytree(SHARDED, folder)
+    _with_nan(folder, "model-00002-of-00003.safetensors", "model.layers.1.self_attn.q_proj.weight")
+    err = _import_error(capsys, folder, tmp_path / "ckpt")
+    assert err == (f"error: tensor model.layers.1.self_attn.q_proj.weight in "
+                   f"{folder / 'model-00002-of-00003.safetensors'} holds 1 NaN or infinite "
+                   "value(s) of 1024; a model is never built from non-finite weights")
+    # init.hf reads the weights through read_params: the same line, as a UserError.
+    cfg = config_from_hf(read_hf_config(str(folder)), dtype=jnp.float32, param_dtype=jnp.float32)
+    with pytest.raises(HFError, match=r"^tensor model\.layers\.1\.self_attn\.q_proj\.weight in .* "
+                                      r"holds 1 NaN"):
+        read_params(str(folder), cfg)
