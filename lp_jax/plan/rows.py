@@ -67,7 +67,7 @@ def what_would_help(plan: ValidatedRun) -> list[str]:
     helps = []
     if model.attention_impl == "xla" and cfg.data.seq_len >= 2048:
         helps.append("model.attention_impl=cudnn (XLA's attention keeps the [T, S] scores)")
-    if model.remat == "none":
+    if model.remat == "none" and not model.num_experts:  # the MoE block has no dense MLP to rebuild
         helps.append("model.remat=mlp (rebuild the MLP block from its input: gate and up run again)")
     if model.remat in ("none", "megatron", "dots_saveable"):
         helps.append("model.remat=elementwise (recompute the norm outputs and the SwiGLU product)")
