@@ -31,6 +31,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -68,42 +69,158 @@ class LowPrecisionRaggedDot:
     def __call__(self, lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
                  group_offset=None, first_group=0):
         _check(lhs, rhs, group_sizes, group_offset)
-        m, k = lhs.shape
         out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
-        sizes = group_sizes.astype(jnp.int32)
-        starts = jnp.cumsum(sizes) - sizes
-        windows = window_sizes(m)
-        # The padding keeps every window's dynamic slice in bounds (a clamped slice would
-        # shift its rows).
-        x_pad = jnp.concatenate([lhs, jnp.zeros((windows[-1], k), lhs.dtype)])
         key = context.site_key() if _needs_key(self.recipe) else None
 
-        def window(rows, out, g, w_g, start, size):
-            in_group = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < size
-            x_g = jnp.where(in_group, lax.dynamic_slice_in_dim(x_pad, start, rows), 0)
+        def group_gemm(x_g, w_g, g):
             scope = (context.rng_scope(jax.random.fold_in(key, g)) if key is not None
                      else contextlib.nullcontext())
             with scope:
-                y_g = self.dot_general(x_g, w_g, _LINEAR, preferred_element_type=out_dtype)
-            kept = lax.dynamic_slice_in_dim(out, start, rows)
-            return lax.dynamic_update_slice_in_dim(out, jnp.where(in_group, y_g.astype(out_dtype), kept), start, 0)
+                return self.dot_general(x_g, w_g, _LINEAR, preferred_element_type=out_dtype)
 
-        branches = [functools.partial(window, rows) for rows in windows]
+        gemms = tuple(_WindowGemm.trace(group_gemm, jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype),
+                                        jax.ShapeDtypeStruct(rhs.shape[1:], rhs.dtype))
+                      for rows in window_sizes(lhs.shape[0]))
+        # first_group: the global index of rhs's first expert (an expert-parallel rank holds a
+        # slice), which keys its stochastic rounding as on one device.
+        return _grouped(gemms, lhs, rhs, group_sizes.astype(jnp.int32), jnp.asarray(first_group, jnp.uint32),
+                        tuple(g.traced for g in gemms))
 
-        def group(out, xs):
-            g, w_g, start, size = xs
-            # The smallest window that holds the group: only that branch runs.
-            which = jnp.searchsorted(jnp.asarray(windows), size)
-            return lax.switch(which, branches, out, g, w_g, start, size), None
 
-        out = jnp.zeros((m + windows[-1], rhs.shape[2]), out_dtype)
-        groups = jnp.arange(rhs.shape[0], dtype=jnp.uint32) + jnp.asarray(first_group, jnp.uint32)
-        if rhs.shape[0] <= UNROLLED_GROUPS:
-            for g in range(rhs.shape[0]):
-                out, _ = group(out, (groups[g], rhs[g], starts[g], sizes[g]))
-        else:
-            out, _ = lax.scan(group, out, (groups, rhs, starts, sizes))
-        return out[:m]
+@dataclasses.dataclass(frozen=True, eq=False)
+class _WindowGemm:
+    """One group's GEMM ``(x_g [rows, K], w_g, g) -> y_g`` on a window of ``rows`` rows,
+    traced once, under the contexts the grouped call is traced in (its layer scope, its
+    stochastic rounding key, a layer policy's choice): the backward, traced later outside
+    them, replays this jaxpr. ``traced`` are the traced values it closes over (the SR key,
+    a traced layer index), which the grouped call passes on as its own inputs."""
+
+    rows: int
+    closed: jax_core.ClosedJaxpr
+    traced_at: tuple[int, ...]  # positions of the traced values among the jaxpr's consts
+
+    @classmethod
+    def trace(cls, fn, x_aval, w_aval):
+        closed = jax.make_jaxpr(fn)(x_aval, w_aval, jax.ShapeDtypeStruct((), jnp.uint32))
+        traced_at = tuple(i for i, c in enumerate(closed.consts) if isinstance(c, jax.core.Tracer))
+        return cls(x_aval.shape[0], closed, traced_at)
+
+    @property
+    def traced(self) -> tuple:
+        return tuple(self.closed.consts[i] for i in self.traced_at)
+
+    def __call__(self, traced, x_g, w_g, g):
+        consts = list(self.closed.consts)
+        for i, value in zip(self.traced_at, traced):
+            consts[i] = value
+        return jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(self.closed.jaxpr, consts))(x_g, w_g, g)[0]
+
+
+def _rows(t_pad, start, size, rows):
+    """The group's rows of ``t_pad`` in its window of ``rows`` rows, the rest zero."""
+    in_group = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < size
+    return jnp.where(in_group, lax.dynamic_slice_in_dim(t_pad, start, rows), 0)
+
+
+def _padded(t, rows):
+    """``t`` with ``rows`` zero rows after it: every window's dynamic slice stays in bounds
+    (a clamped slice would shift its rows)."""
+    return jnp.concatenate([t, jnp.zeros((rows,) + t.shape[1:], t.dtype)])
+
+
+def _over_groups(step, carry, xs):
+    """``lax.scan(step, carry, xs)``, unrolled up to UNROLLED_GROUPS groups."""
+    groups = len(xs[0])
+    if groups > UNROLLED_GROUPS:
+        return lax.scan(step, carry, xs)
+    ys = []
+    for g in range(groups):
+        carry, y = step(carry, tuple(x[g] for x in xs))
+        ys.append(y)
+    return carry, (None if ys[0] is None else jnp.stack(ys))
+
+
+def _switch(gemms, groups, size, branch, *operands):
+    """``branch(gemm)`` of the smallest window that holds the group's ``size`` rows: only
+    that one runs. Traced under ``lp_expected_branch_<i>``, i the window of a group holding
+    an even share of the rows, which ``python -m lp_jax.plan`` then counts alone (its cost
+    under balanced routing; lp_jax.plan.hlo_module)."""
+    rows = [gemm.rows for gemm in gemms]
+    even_share = int(np.searchsorted(rows, -(-rows[-1] // groups)))
+    which = jnp.searchsorted(jnp.asarray(rows), size)
+    with jax.named_scope(f"lp_expected_branch_{even_share}"):
+        return lax.switch(which, [branch(gemm, i) for i, gemm in enumerate(gemms)], *operands)
+
+
+# Each group's window output is written over the buffer at its first row, in group order:
+# its rows past the group (zero inputs) land on later groups' rows, which those groups
+# write again, or past M. The backward writes dgrad windows the same way.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _grouped(gemms, x, w, sizes, first, traced):
+    m, last = x.shape[0], gemms[-1].rows
+    x_pad, starts = _padded(x, last), jnp.cumsum(sizes) - sizes
+
+    def branch(gemm, i):
+        def run(out, g, w_g, start, size):
+            y_g = gemm(traced[i], _rows(x_pad, start, size, gemm.rows), w_g, g)
+            return lax.dynamic_update_slice_in_dim(out, y_g, start, 0)
+        return run
+
+    def group(out, xs):
+        g, w_g, start, size = xs
+        return _switch(gemms, w.shape[0], size, branch, out, g, w_g, start, size), None
+
+    y_aval = gemms[0].closed.out_avals[0]
+    out = jnp.zeros((m + last, y_aval.shape[1]), y_aval.dtype)
+    groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first
+    return _over_groups(group, out, (groups, w, starts, sizes))[0][:m]
+
+
+def _grouped_fwd(gemms, x, w, sizes, first, traced):
+    # The inputs are the residuals: the backward quantizes each group's window again.
+    return _grouped(gemms, x, w, sizes, first, traced), (x, w, sizes, first, traced)
+
+
+def _grouped_bwd(gemms, res, dy):
+    """Each group's dgrad and wgrad: the VJP of its window's GEMM (dot_general's own), run
+    in that window only, so no cotangent of the whole buffer arises per group."""
+    x, w, sizes, first, traced = res
+    m, last = x.shape[0], gemms[-1].rows
+    x_pad, dy_pad, starts = _padded(x, last), _padded(dy, last), jnp.cumsum(sizes) - sizes
+    # Traced floating values a GEMM closes over get their cotangents (e.g. statistics taps).
+    inexact = [[j for j, t in enumerate(ts) if jnp.issubdtype(t.dtype, jnp.inexact)] for ts in traced]
+
+    def branch(gemm, i):
+        def run(carry, g, w_g, start, size):
+            dx, d_traced = carry
+
+            def window_gemm(x_g, w_g, floats):
+                ts = list(traced[i])
+                for j, t in zip(inexact[i], floats):
+                    ts[j] = t
+                return gemm(ts, x_g, w_g, g)
+
+            _, vjp = jax.vjp(window_gemm, _rows(x_pad, start, size, gemm.rows), w_g,
+                             [traced[i][j] for j in inexact[i]])
+            dx_g, dw_g, d_floats = vjp(_rows(dy_pad, start, size, gemm.rows))
+            d_traced = [[a + b for a, b in zip(ds, d_floats)] if k == i else ds for k, ds in enumerate(d_traced)]
+            return (lax.dynamic_update_slice_in_dim(dx, dx_g, start, 0), d_traced), dw_g
+        return run
+
+    def group(carry, xs):
+        g, w_g, start, size = xs
+        return _switch(gemms, w.shape[0], size, branch, carry, g, w_g, start, size)
+
+    d_floats = [[jnp.zeros_like(traced[i][j]) for j in js] for i, js in enumerate(inexact)]
+    groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first
+    (dx, d_floats), dw = _over_groups(group, (jnp.zeros((m + last, x.shape[1]), x.dtype), d_floats),
+                                      (groups, w, starts, sizes))
+    d_traced = tuple(tuple(d_floats[i][js.index(j)] if j in js else None for j in range(len(ts)))
+                     for i, (ts, js) in enumerate(zip(traced, inexact)))
+    return dx[:m], dw, None, None, d_traced
+
+
+_grouped.defvjp(_grouped_fwd, _grouped_bwd)
 
 
 def window_sizes(rows: int) -> tuple[int, ...]:
