@@ -11,6 +11,9 @@
     # data.micro_batch_size=MB model.remat=POLICY on the same command
     python -m bench.plan_step_record OUT --gpu h200
 
+    # Qwen3-30B-A3B: configs/qwen3_30b_a3b_{recipe}.yaml on 8 GB200s, model.vocab_size=151936
+    python -m bench.plan_step_record OUT --model qwen3_30b_a3b
+
 Run it in the environment that compiled (the record stamps its JAX version). Each recipe is
 its own compile, so "x BF16" is taken here: the estimated tokens per second over BF16's.
 """
@@ -57,11 +60,38 @@ def h200_rows(folder: pathlib.Path) -> list[list[str]]:
             for run, row in plans.items()]
 
 
+MOE_COMMAND = ("python -m lp_jax.plan --config configs/qwen3_30b_a3b_{recipe}.yaml --gpu gb200 --gpus 8 "
+               "--recipes {recipe} data.source=mock model.vocab_size=151936")
+
+
+def moe_rows(folder: pathlib.Path) -> list[list[str]]:
+    plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES}
+    bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
+    return [[recipe, row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
+             f"{1 - row['memory']['per_gpu_bytes'] / row['memory']['capacity_bytes']:.0%}",
+             f"{row['hbm_bytes'] / 1e12:.0f}", f"{row['collective_bytes'] / 1e12:.1f}",
+             ", ".join(f"{lib} {n}" for lib, n in sorted(row["gemms"].items())),
+             f"{row['estimate']['tflops_per_gpu']:.0f}", f"{row['estimate']['tokens_per_s'] / bf16_tokens:.2f}"]
+            for recipe, row in plans.items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=pathlib.Path, help="where the plan wrote its JSON files")
     parser.add_argument("--gpu", choices=("gb200", "h200"), default="gb200")
+    parser.add_argument("--model", choices=("llama3_8b", "qwen3_30b_a3b"), default="llama3_8b")
     args = parser.parse_args()
+    if args.model == "qwen3_30b_a3b":
+        path = write_record(
+            "plan-30b-a3b-gb200-step", "Qwen3-30B-A3B, sequence 4096, the shipped configs on 8 GB200s",
+            MOE_COMMAND, ["recipe", "policy", "GB per GPU (of 186)", "free", "HBM TB per step",
+                          "collective TB per step", "GEMM launches per step", "TFLOP/s per GPU", "x BF16"],
+            moe_rows(args.folder), "deviceless compile for 8 GB200s on a 2-core CPU machine", estimate=True,
+            estimate_columns=["TFLOP/s per GPU", "x BF16"],
+            note="Expert parallelism over the 8 GPUs, micro-batch 1, remat full, scanned layers; expert "
+                 "GEMMs costed under balanced routing (each group's window for an even share of the rows).")
+        print(f"wrote {path.relative_to(ROOT)}")
+        return
     if args.gpu == "h200":
         path = write_record(
             "plan-8b-h200-step", "Llama 3 8B, sequence 8192, the shipped configs on 8 H200s",
