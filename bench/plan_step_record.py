@@ -65,7 +65,9 @@ MOE_COMMAND = ("python -m lp_jax.plan --config configs/qwen3_30b_a3b_{recipe}.ya
 
 
 def moe_rows(folder: pathlib.Path) -> list[list[str]]:
-    plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES}
+    # The recipes whose compile finished (a deviceless compile can be killed for memory).
+    plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES
+             if (folder / f"{r}.json").exists()}
     bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
     return [[recipe, row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
              f"{1 - row['memory']['per_gpu_bytes'] / row['memory']['capacity_bytes']:.0%}",
