@@ -68,6 +68,7 @@ def moe_rows(folder: pathlib.Path) -> list[list[str]]:
     # The recipes whose compile finished (a deviceless compile can be killed for memory).
     plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES
              if (folder / f"{r}.json").exists()}
+    plans = {r: row for r, row in plans.items() if "estimate" in row}
     bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
     return [[recipe, row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
              f"{1 - row['memory']['per_gpu_bytes'] / row['memory']['capacity_bytes']:.0%}",
