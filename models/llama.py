@@ -163,34 +163,41 @@ class Llama(nnx.Module):
                 for start, end in self.scanned_runs()}
 
     def _run_layers(self, x, rope, mask, segment_ids, layer_stacks):
-        split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
-        if not self.config.scan_layers:
-            if self.config.remat not in LAYER_BODY_REMATS:
-                for i, layer in enumerate(self.layers):
-                    with layer_scope(i):
-                        x = layer(x, rope, mask, segment_ids)
-                return x
-            for i, (graphdef, params, rest) in enumerate(split):
-                # jnp.int32 so the index reaches layer_scope as it would from a scan.
-                x = self._layer_fn(graphdef)(params, rest, x, jnp.int32(i), rope, mask, segment_ids)
+        if not self.config.scan_layers and self.config.remat not in LAYER_BODY_REMATS:
+            for i, layer in enumerate(self.layers):
+                with layer_scope(i):
+                    x = layer(x, rope, mask, segment_ids)
             return x
-        for start, end in layer_groups([g for g, _, _ in split]):
-            graphdef = split[start][0]
-            fn = self._layer_fn(graphdef)
+        return self._layer_runs(x, rope, mask, segment_ids, layer_stacks, lambda x: (x, None))[0]
+
+    def _layer_runs(self, x, rope, mask, segment_ids, layer_stacks, split_output):
+        """Every layer through ``_layer_fn``, each run of equal layers one ``lax.scan`` (with
+        scan_layers; a layer at a time otherwise): (x, per run its layers' other outputs
+        stacked on a leading axis). ``split_output`` splits what a layer returns into (x,
+        its other outputs): a family whose blocks return more than x (models.moe) reads them."""
+        split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
+        runs = (layer_groups([g for g, _, _ in split]) if self.config.scan_layers
+                else [(i, i + 1) for i in range(len(split))])
+        outputs = []
+        for start, end in runs:
+            fn = self._layer_fn(split[start][0])
+
+            def step(carry, xs, fn=fn):
+                i, params, rest = xs
+                return split_output(fn(params, rest, carry, i, rope, mask, segment_ids))
+
             if end - start == 1:
-                x = fn(split[start][1], split[start][2], x, jnp.int32(start), rope, mask, segment_ids)
+                # jnp.int32 so the index reaches layer_scope as it would from a scan.
+                x, out = step(x, (jnp.int32(start), split[start][1], split[start][2]))
+                outputs.append(jax.tree.map(lambda a: a[None], out))
                 continue
             params = layer_stacks.get(start)
             if params is None:
                 params = _stacked([p for _, p, _ in split[start:end]])
             rest = _stacked([r for _, _, r in split[start:end]])
-
-            def scan_body(carry, xs, fn=fn):
-                i, params, rest = xs
-                return fn(params, rest, carry, i, rope, mask, segment_ids), None
-
-            x, _ = jax.lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), params, rest))
-        return x
+            x, out = jax.lax.scan(step, x, (jnp.arange(start, end, dtype=jnp.int32), params, rest))
+            outputs.append(out)
+        return x, outputs
 
     # ---- KV-cache inference (``models.generate``) ----
 
