@@ -31,7 +31,7 @@ from models.activation_vjp import swiglu
 from models.config import LlamaConfig, output_init_std
 from models.config import preset as config_preset
 from models.layers import Attention, Block, RMSNorm
-from models.llama import Llama, _stacked, layer_groups
+from models.llama import Llama
 
 
 class Router(nnx.Module):
@@ -100,12 +100,9 @@ class MoE(nnx.Module):
         sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
         axis = moe_dispatch.expert_axis()
         if axis is None:
-            # The routed rows, sorted by expert (stable: a token's rows stay in token order).
-            order = jnp.argsort(flat, stable=True)
-            token_of_row = order // k
+            order, token_of_row = moe_dispatch.sorted_by_expert(experts)
             rows = self._experts(x[token_of_row], sizes)
-            combined = jnp.zeros((tokens, d), jnp.float32).at[token_of_row].add(
-                rows.astype(jnp.float32) * weights.reshape(-1)[order][:, None])
+            combined = moe_dispatch.combine(rows, order, token_of_row, weights, tokens)
         else:
             kernels = (self.gate_up.kernel[...], self.down.kernel[...])
             combined = moe_dispatch.expert_parallel(self._experts, x, weights, experts, kernels, e, axis)
@@ -161,28 +158,8 @@ class Qwen3MoE(Llama):
         super().__init__(cfg, rngs=rngs)
 
     def _run_layers(self, x, rope, mask, segment_ids, layer_stacks):
-        split = [nnx.split(layer, nnx.Param, ...) for layer in self.layers]
-        runs = (layer_groups([g for g, _, _ in split]) if self.config.scan_layers
-                else [(i, i + 1) for i in range(len(split))])
-        stats = []  # per run: {name: [layers of the run, ...]}
-        for start, end in runs:
-            fn = self._layer_fn(split[start][0])
-            if end - start == 1:
-                x, layer_stats = fn(split[start][1], split[start][2], x, jnp.int32(start), rope, mask,
-                                    segment_ids)
-                stats.append(jax.tree.map(lambda a: a[None], layer_stats))
-                continue
-            params = layer_stacks.get(start)
-            if params is None:
-                params = _stacked([p for _, p, _ in split[start:end]])
-            rest = _stacked([r for _, _, r in split[start:end]])
-
-            def scan_body(carry, xs, fn=fn):
-                i, params, rest = xs
-                return fn(params, rest, carry, i, rope, mask, segment_ids)
-
-            x, run_stats = lax.scan(scan_body, x, (jnp.arange(start, end, dtype=jnp.int32), params, rest))
-            stats.append(run_stats)
+        # Always through _layer_runs: MoEBlock returns (x, stats) whatever the remat policy.
+        x, stats = self._layer_runs(x, rope, mask, segment_ids, layer_stacks, lambda out: out)
         per_layer = {name: jnp.concatenate([s[name] for s in stats]) for name in stats[0]}
         aux, z = jnp.sum(per_layer["aux_loss"]), jnp.sum(per_layer["z_loss"])
         extras = {"aux_loss": aux + z, "moe_aux_loss": aux, "moe_z_loss": z,

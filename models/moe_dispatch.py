@@ -73,6 +73,20 @@ def batch_sum(x):
     return lax.psum(x, axes) if axes else x
 
 
+def sorted_by_expert(experts_TxK):
+    """(order, token_of_row) of a device's routed rows sorted by expert (``order``: the
+    flat [T*k] indices in that order; stable, so a token's rows stay in token order)."""
+    order = jnp.argsort(experts_TxK.reshape(-1), stable=True)
+    return order, order // experts_TxK.shape[1]
+
+
+def combine(y_rows, order, token_of_row, weights_TxK, tokens: int):
+    """Each token's output [T, D] (FP32): its rows' results (sorted as ``sorted_by_expert``
+    gives them) weighted by their routing weights and summed."""
+    return jnp.zeros((tokens, y_rows.shape[-1]), jnp.float32).at[token_of_row].add(
+        y_rows.astype(jnp.float32) * weights_TxK.reshape(-1)[order][:, None])
+
+
 def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts: int, axis: str):
     """The routed MLP's output [T, D] (FP32) with the experts split over mesh ``axis``.
 
@@ -113,11 +127,10 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     per_rank = num_experts // ep
     capacity = tokens * min(k, per_rank)
 
-    # This device's routed rows sorted by expert (stable: token order within an expert), so
-    # the rows bound for each rank are consecutive.
+    # This device's routed rows sorted by expert, so the rows bound for each rank are
+    # consecutive.
     flat = experts_TxK.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    token_of_row = order // k
+    order, token_of_row = sorted_by_expert(experts_TxK)
     counts = jnp.bincount(flat, length=num_experts).astype(jnp.int32).reshape(ep, per_rank)
     send = jnp.sum(counts, axis=1)
     send_start = jnp.cumsum(send) - send
@@ -158,6 +171,4 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     # Row i of this device's sorted rows went to rank r at slot i - send_start[r].
     rank_of_row = flat[order] // per_rank
     slot_of_row = jnp.arange(tokens * k) - send_start[rank_of_row]
-    y_rows = returned[rank_of_row, slot_of_row]
-    return jnp.zeros((tokens, d), jnp.float32).at[token_of_row].add(
-        y_rows.astype(jnp.float32) * weights_TxK.reshape(-1)[order][:, None])
+    return combine(returned[rank_of_row, slot_of_row], order, token_of_row, weights_TxK, tokens)
