@@ -153,8 +153,9 @@ def _read_tensors(path: str, cfg: LlamaConfig) -> dict[str, np.ndarray]:
 def _refuse_non_finite(name: str, tensor: np.ndarray, file: str) -> None:
     """A NaN or inf weight would train (or be saved into a checkpoint) as NaN everywhere
     it reaches: refused, naming the tensor, before any model is built from it."""
-    bad = tensor.size - int(np.count_nonzero(np.isfinite(tensor.astype(np.float32))))
-    if bad:
+    finite = np.isfinite(tensor)  # in the file's dtype (BF16 too): no FP32 copy of each tensor
+    if not finite.all():
+        bad = tensor.size - int(np.count_nonzero(finite))
         raise HFError(f"tensor {name} in {file} holds {bad} NaN or infinite value(s) of "
                       f"{tensor.size}; a model is never built from non-finite weights")
 
