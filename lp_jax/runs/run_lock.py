@@ -103,13 +103,10 @@ class FolderLocks:
             self.release()
             raise
 
-    def lost(self) -> str | None:
-        """The first folder whose lock file is no longer this run's (removed, moved or
+    def lost(self) -> RunLock | None:
+        """The first lock whose file is no longer this run's (its folder removed, moved or
         replaced), or None."""
-        for lock in self.locks:
-            if lock.lost():
-                return os.path.dirname(lock.path)
-        return None
+        return next((lock for lock in self.locks if lock.lost()), None)
 
     def release(self) -> None:
         for lock in reversed(self.locks):

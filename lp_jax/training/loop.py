@@ -391,10 +391,10 @@ def _train(r: _Run, stop: StopSignal) -> RunResult:
         result.step, result.loss = step, values["loss"]
         result.nonfinite_steps = values["nonfinite_steps"]
         # A signal to any process stops all of them after the same step.
-        lost = r.lock.lost() if r.lock is not None else None
+        lost = r.lock.lost() if r.lock is not None else None  # the RunLock whose file went
         if stop.agree(folder_lost=lost is not None):
-            if lost is not None and lost != str(pathlib.Path(os.path.realpath(cfg.run_dir))):
-                raise RunFolderLostError(lost, "checkpoint folder")
+            if lost is not None and lost.key != "run_dir":
+                raise RunFolderLostError(os.path.dirname(lost.path), "checkpoint folder")
             raise RunFolderLostError(cfg.run_dir)
         stop.check()  # never save once a second signal came
         # A step whose update was skipped is no step to resume from: the periodic save

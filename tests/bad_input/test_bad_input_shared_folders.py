@@ -109,3 +109,18 @@ def test_a_run_dir_through_a_link_and_dot_dot_is_one_folder(tmp_path, token_cach
     assert [row["step"] for row in read_metrics(run_dir)] == [1, 2]
     saved = open_run(run_dir)  # what `python -m lp_jax.export` and `eval.py --checkpoint` read
     assert (saved.step, saved.checkpoint_dir) == (2, str(real / "checkpoints"))
+
+
+def test_the_lost_lock_names_its_folder(tmp_path):
+    """The lock whose file went tells the trainer which folder was lost: its config key
+    picks the run folder's message or the checkpoint folder's."""
+    run_dir, ckpt_dir = tmp_path / "run", tmp_path / "elsewhere" / "ckpt"
+    run_dir.mkdir()
+    locks = FolderLocks([("run_dir", run_dir), ("checkpoint.dir", ckpt_dir)], run_dir=run_dir)
+    try:
+        assert locks.lost() is None
+        (ckpt_dir / LOCK_NAME).unlink()
+        lost = locks.lost()
+        assert lost.key == "checkpoint.dir" and lost.path == str(ckpt_dir / LOCK_NAME)
+    finally:
+        locks.release()
