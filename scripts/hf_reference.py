@@ -38,11 +38,12 @@ def _config(tie: bool) -> transformers.LlamaConfig:
         bos_token_id=1, eos_token_id=2)
 
 
-def _random_model(config, seed: int) -> transformers.LlamaForCausalLM:
-    """transformers' own init (std 0.02) gives logits near zero, which would make a 1e-4 parity
-    bound meaningless: re-draw weights at unit scale and norm scales around 1."""
+def random_model(config, seed: int, model_class=transformers.LlamaForCausalLM):
+    """transformers' own init (std 0.02, norm scales 1) gives logits near zero, which would
+    make a parity bound meaningless (and a QK-norm's scale invisible): re-draw weights at
+    unit scale and every norm scale around 1 (scripts/qwen3_moe_reference.py uses it too)."""
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -54,13 +55,16 @@ def _random_model(config, seed: int) -> transformers.LlamaForCausalLM:
     return model
 
 
-def reference_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:
+def load_fp32(folder: str, model_class=transformers.LlamaForCausalLM):
+    """A saved folder in FP32 with eager attention, as the references are computed."""
     # transformers 4.x names the keyword torch_dtype; 5.x names it dtype.
     key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        folder, attn_implementation="eager", **{key: torch.float32}).eval()
+    return model_class.from_pretrained(folder, attn_implementation="eager", **{key: torch.float32}).eval()
+
+
+def reference_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model(tokens).logits.float()
+        return load_fp32(folder)(tokens).logits.float()
 
 
 def _to_v4_style(folder: str) -> None:
@@ -82,10 +86,10 @@ def make_fixtures(out_dir: str) -> None:
     tokens = torch.randint(0, 96, TOKENS_SHAPE, generator=gen, dtype=torch.int64)
     # 1. untied, FP32, one file, config.json as transformers 5.x writes it.
     untied = os.path.join(out_dir, "llama3_untied_f32")
-    _random_model(_config(tie=False), seed=0).save_pretrained(untied, safe_serialization=True)
+    random_model(_config(tie=False), seed=0).save_pretrained(untied, safe_serialization=True)
     # 2. tied, BF16 weights in two shards with an index, config.json in 4.x style.
     tied = os.path.join(out_dir, "tied_bf16_sharded_v4")
-    model = _random_model(_config(tie=True), seed=1).to(torch.bfloat16)
+    model = random_model(_config(tie=True), seed=1).to(torch.bfloat16)
     model.save_pretrained(tied, safe_serialization=True, max_shard_size="20KB")
     _to_v4_style(tied)
     for folder in (untied, tied):

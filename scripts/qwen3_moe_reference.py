@@ -31,6 +31,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from hf_reference import load_fp32, random_model  # scripts/, beside this file
+
 TOKENS_SHAPE = (2, 16)
 VOCAB = 128
 
@@ -46,27 +48,13 @@ def _config(*, norm_topk_prob: bool, tie: bool, head_dim: int) -> transformers.Q
 
 
 def _random_model(config, seed: int) -> transformers.Qwen3MoeForCausalLM:
-    """transformers' own init (std 0.02, norm scales 1) gives logits near zero and a QK-norm
-    whose scale is invisible: re-draw weights at unit scale, every norm scale around 1, and
-    the router at a scale where the top-2 choice is clear-cut."""
-    torch.manual_seed(seed)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.ndim == 2:
-                fan_in = p.shape[1]
-                scale = 1.0 if "embed_tokens" in name else fan_in ** -0.5
-                p.copy_(scale * torch.randn_like(p))
-    return model
+    # Unit-scale weights (hf_reference.random_model): the router then picks its top 2
+    # clear-cut, and the QK-norm scales around 1 are visible in the logits.
+    return random_model(config, seed, transformers.Qwen3MoeForCausalLM)
 
 
 def _load(folder: str):
-    # transformers 4.x names the keyword torch_dtype; 5.x names it dtype.
-    key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        folder, attn_implementation="eager", **{key: torch.float32}).eval()
+    return load_fp32(folder, transformers.AutoModelForCausalLM)
 
 
 def reference_logits(folder: str, tokens: torch.Tensor) -> torch.Tensor:

@@ -21,20 +21,13 @@ from models.hf_config import tensor_map
 from models.hf_experts import split_experts
 from tests.models.test_hf_qwen3_moe import PARITY, REFERENCE
 from tests.models.test_model_registry import tiny
+from tests.runs.test_hf_bridge import _hf_files
 
 MOE = ("model.type=moe", "model.num_layers=2", "model.qk_norm=true", "model.norm_topk_prob=false")
 
 
 def _params(model):
     return {p: np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-
-
-def _hf_files(folder):
-    out = {}
-    for name in os.listdir(folder):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, name)))
-    return out
 
 
 @pytest.mark.slow
