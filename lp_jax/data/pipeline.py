@@ -12,6 +12,7 @@ devices hold (``host_rows``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import grain
@@ -180,8 +181,6 @@ class BlendedSequences:
     shuffles_itself = True  # the order is the blend's: train_iterator adds no shuffle
 
     def __init__(self, sources: Sequence[Any], weights: Sequence[float], seed: int):
-        import math
-
         counts = [max(1, round(w / sum(weights) * BLEND_RESOLUTION)) for w in weights]
         common = math.gcd(*counts)
         self.counts = [c // common for c in counts]

@@ -262,15 +262,6 @@ class TextShards:
     digests: dict[str, str]  # text file -> SHA-256 of its bytes
 
 
-def cached_text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: float,
-                       tokenizer: Tokenizer, cache_dir: str | None,
-                       progress: bool = True) -> tuple[list[str], list[str], list[str]]:
-    """Shard paths (train, val) for text files, tokenizing into the cache on first use, and
-    the binary files the globs matched and left out (``text_shards`` says more)."""
-    found = text_shards(globs, val_globs, val_fraction, tokenizer, cache_dir, progress)
-    return found.train, found.val, found.binary
-
-
 def text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: float,
                 tokenizer: Tokenizer, cache_dir: str | None, progress: bool = True) -> TextShards:
     """The token shards of the text files the globs name, tokenizing into the cache on

@@ -8,7 +8,7 @@ import pytest
 
 from lp_jax.config.yaml_io import load_config
 from lp_jax.data import pipeline as data
-from lp_jax.data.prepare_data import cached_text_shards
+from lp_jax.data.prepare_data import text_shards
 from lp_jax.data.tokenizers import ByteTokenizer
 from lp_jax.errors import UserError
 from tests.support.bad_input import ROOT, only_line, tiny, train
@@ -195,8 +195,8 @@ def test_a_text_file_edited_with_the_same_size_and_time_is_tokenized_again(tmp_p
     args = ([str(tmp_path / "*.txt")], [], 0.3, ByteTokenizer(), str(tmp_path / "cache"), False)
 
     def tokens():
-        train, val, _ = cached_text_shards(*args)
-        return np.concatenate([np.load(p) for p in train + val])
+        found = text_shards(*args)
+        return np.concatenate([np.load(p) for p in found.train + found.val])
 
     assert ord("D") not in tokens()
     doc = tmp_path / "doc0.txt"

@@ -87,13 +87,15 @@ def test_stdlib_is_the_default_text():
 def test_text_cache_is_built_once(tmp_path, monkeypatch):
     _write_texts(tmp_path)
     args = ([str(tmp_path / "*.txt")], [], 0.2, ByteTokenizer(), str(tmp_path / "cache"), False)
-    train, val, binary = prepare_data.cached_text_shards(*args)
+    found = prepare_data.text_shards(*args)
+    train, val, binary = found.train, found.val, found.binary
     assert train and val and binary == []
     monkeypatch.setattr(prepare_data, "prepare", lambda *a, **k: pytest.fail("re-tokenized"))
-    assert prepare_data.cached_text_shards(*args) == (train, val, [])
+    again = prepare_data.text_shards(*args)
+    assert (again.train, again.val, again.binary) == (train, val, [])
     (tmp_path / "doc0.txt").write_text("changed")  # a changed file is a new cache entry
     monkeypatch.undo()
-    assert prepare_data.cached_text_shards(*args)[0] != train
+    assert prepare_data.text_shards(*args).train != train
 
 
 def test_prepare_data_cli(tmp_path, capsys):
