@@ -22,7 +22,15 @@ so group ``g`` draws the bits it draws on one device.
 The emulation (any platform) runs each group in its window (a ``lax.switch`` over the
 window lengths), unrolled up to ``UNROLLED_GROUPS`` groups and in a ``lax.scan`` beyond:
 at most about twice the rows of one dense GEMM plus 128 per group, where a window of M rows
-per group would be G times.
+per group would be G times. Each window's output is written into one buffer, group after
+group. A custom VJP gives the backward the same shape: per group, the VJP of its window's
+``dot_general`` call (dot_general's own dgrad and wgrad) on its rows of x and dy, its dgrad
+written into one buffer. Differentiating the switch instead kept every branch's residuals
+(zeros from the branches not taken) and a cotangent of the whole buffer per group: 2-4x the
+time of a loop of dense GEMMs. The group's GEMM is traced once per window length when the
+grouped call is traced, inside its contexts (layer scope, SR key, a layer policy's choice);
+the backward replays that trace, so it draws the forward's bits though it is traced later.
+It keeps x (not its quantized copies) and quantizes each window again.
 """
 from __future__ import annotations
 
@@ -41,9 +49,9 @@ from lp_jax.gemm.dot_general import _needs_key, dot_general
 from lp_jax.recipes import Recipe
 
 _LINEAR = (((1,), (0,)), ((), ()))
-# Up to this many groups run unrolled: XLA:CPU runs the backward of a scan over them about
-# 13x slower than the same groups unrolled (MXFP8, 8 groups of 4096 rows in all); more are
-# scanned, which keeps the compile small.
+# Up to this many groups run unrolled, each group's GEMMs their own instructions in the
+# compiled program (what the plan's GEMM counts read); more are scanned. On XLA:CPU a scan
+# over 8 groups (4096 rows, sizes traced) runs as fast and compiles 2.5x faster.
 UNROLLED_GROUPS = 32
 
 
@@ -78,9 +86,10 @@ class LowPrecisionRaggedDot:
             with scope:
                 return self.dot_general(x_g, w_g, _LINEAR, preferred_element_type=out_dtype)
 
-        gemms = tuple(_WindowGemm.trace(group_gemm, jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype),
-                                        jax.ShapeDtypeStruct(rhs.shape[1:], rhs.dtype))
-                      for rows in window_sizes(lhs.shape[0]))
+        w_aval = jax.ShapeDtypeStruct(rhs.shape[1:], rhs.dtype)
+        gemms = tuple(
+            _WindowGemm.trace(group_gemm, jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype), w_aval)
+            for rows in window_sizes(lhs.shape[0]))
         # first_group: the global index of rhs's first expert (an expert-parallel rank holds a
         # slice), which keys its stochastic rounding as on one device.
         return _grouped(gemms, lhs, rhs, group_sizes.astype(jnp.int32), jnp.asarray(first_group, jnp.uint32),
@@ -117,15 +126,25 @@ class _WindowGemm:
 
 
 def _rows(t_pad, start, size, rows):
-    """The group's rows of ``t_pad`` in its window of ``rows`` rows, the rest zero."""
+    """The group's rows of ``t_pad`` in its window of ``rows`` rows, the rest zero, written
+    out once: fused into its consumers, XLA:CPU would slice and mask per read (the NVFP4
+    wgrad RHT reads each element 16 times: 1.7x the step of the same windows without it)."""
     in_group = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < size
-    return jnp.where(in_group, lax.dynamic_slice_in_dim(t_pad, start, rows), 0)
+    window = jnp.where(in_group, lax.dynamic_slice_in_dim(t_pad, start, rows), 0)
+    return lax.optimization_barrier(window)
 
 
 def _padded(t, rows):
     """``t`` with ``rows`` zero rows after it: every window's dynamic slice stays in bounds
     (a clamped slice would shift its rows)."""
     return jnp.concatenate([t, jnp.zeros((rows,) + t.shape[1:], t.dtype)])
+
+
+def _past_groups_zero(t, sizes):
+    """``t`` with its rows past the last group (group_sizes summing to less than M) zero, as
+    in ``lax.ragged_dot``: windows reaching past the groups wrote their zero rows' products
+    there (not zero with a non-finite weight)."""
+    return jnp.where(lax.broadcasted_iota(jnp.int32, (t.shape[0], 1), 0) < jnp.sum(sizes), t, 0)
 
 
 def _over_groups(step, carry, xs):
@@ -147,7 +166,8 @@ def _switch(gemms, groups, size, branch, *operands):
     under balanced routing; lp_jax.plan.hlo_module)."""
     rows = [gemm.rows for gemm in gemms]
     even_share = int(np.searchsorted(rows, -(-rows[-1] // groups)))
-    which = jnp.searchsorted(jnp.asarray(rows), size)
+    # searchsorted's index without its while loop
+    which = jnp.sum(size > jnp.asarray(rows))
     with jax.named_scope(f"lp_expected_branch_{even_share}"):
         return lax.switch(which, [branch(gemm, i) for i, gemm in enumerate(gemms)], *operands)
 
@@ -173,7 +193,7 @@ def _grouped(gemms, x, w, sizes, first, traced):
     y_aval = gemms[0].closed.out_avals[0]
     out = jnp.zeros((m + last, y_aval.shape[1]), y_aval.dtype)
     groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first
-    return _over_groups(group, out, (groups, w, starts, sizes))[0][:m]
+    return _past_groups_zero(_over_groups(group, out, (groups, w, starts, sizes))[0][:m], sizes)
 
 
 def _grouped_fwd(gemms, x, w, sizes, first, traced):
@@ -203,7 +223,8 @@ def _grouped_bwd(gemms, res, dy):
             _, vjp = jax.vjp(window_gemm, _rows(x_pad, start, size, gemm.rows), w_g,
                              [traced[i][j] for j in inexact[i]])
             dx_g, dw_g, d_floats = vjp(_rows(dy_pad, start, size, gemm.rows))
-            d_traced = [[a + b for a, b in zip(ds, d_floats)] if k == i else ds for k, ds in enumerate(d_traced)]
+            d_traced = [[a + b for a, b in zip(ds, d_floats)] if k == i else ds
+                        for k, ds in enumerate(d_traced)]
             return (lax.dynamic_update_slice_in_dim(dx, dx_g, start, 0), d_traced), dw_g
         return run
 
@@ -217,7 +238,7 @@ def _grouped_bwd(gemms, res, dy):
                                       (groups, w, starts, sizes))
     d_traced = tuple(tuple(d_floats[i][js.index(j)] if j in js else None for j in range(len(ts)))
                      for i, (ts, js) in enumerate(zip(traced, inexact)))
-    return dx[:m], dw, None, None, d_traced
+    return _past_groups_zero(dx[:m], sizes), dw, None, None, d_traced
 
 
 _grouped.defvjp(_grouped_fwd, _grouped_bwd)

@@ -5,6 +5,10 @@ group's rows zero-padded to its window (with SR under the key fold_in(k, g)); wi
 against the group's rows alone (the module docstring says how exactly). Group sizes include
 0 and sizes that are not a multiple of any block (so a 1x128 block or a 16-row RHT tile
 would straddle experts if the grid were the whole tensor's)."""
+import contextlib
+import contextvars
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +16,9 @@ import pytest
 
 import lp_jax as lp
 from lp_jax import context
-from lp_jax.gemm.ragged_dot import window_sizes
+from lp_jax.gemm import ragged_dot
+from lp_jax.gemm.ragged_dot import LowPrecisionRaggedDot, window_sizes
+from models.layer_scope import layer_scope
 
 M, K, N = 200, 256, 96
 SIZES = (37, 0, 140, 23)  # windows of 128 and 256 rows
@@ -141,6 +147,94 @@ def test_without_sr_each_group_is_dot_general_on_its_rows_alone(name):
         np.testing.assert_array_equal(np.asarray(y[rows], np.float32), np.asarray(ry, np.float32))
         np.testing.assert_array_equal(np.asarray(dx[rows], np.float32), np.asarray(rdx, np.float32))
         np.testing.assert_allclose(np.asarray(dw[g]), np.asarray(rdw), rtol=1e-6, atol=1e-6 * float(np.abs(rdw).max()))
+
+
+@pytest.mark.parametrize("name", _some_slow(["bf16", "nvfp4_sr"], fast=("bf16",)))
+def test_groups_past_the_unrolled_count_run_in_a_scan_to_the_same_bits(name, monkeypatch):
+    """Over UNROLLED_GROUPS groups, forward and backward scan over them (the group index, and
+    with it each group's SR key, traced): the same bits as unrolled."""
+    x, w, dy = _operands()
+    recipe = _recipe(name)
+    unrolled = jax.jit(lambda x, w, dy: _grouped(recipe, x, w, dy, SIZES))(x, w, dy)
+    monkeypatch.setattr(ragged_dot, "UNROLLED_GROUPS", 2)
+    scanned = jax.jit(lambda x, w, dy: _grouped(recipe, x, w, dy, SIZES))(x, w, dy)
+    for a, b in zip(unrolled, scanned):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+@pytest.mark.slow
+def test_the_backward_draws_the_bits_of_the_forwards_layer_scope():
+    """The backward, traced after the layer scope closed, still quantizes each group's dy
+    with the bits lp.dot_general draws inside it (the layer index is part of the key)."""
+    x, w, dy = _operands()
+    recipe = _recipe("nvfp4_sr")
+
+    def grads(layer):
+        with layer_scope(layer) if layer is not None else contextlib.nullcontext():
+            return jax.jit(lambda x, w, dy: _grouped(recipe, x, w, dy, SIZES, seed=5))(x, w, dy)
+
+    _, dx, dw = grads(3)
+    with context.rng_scope(jax.random.key(5)), layer_scope(3):
+        call_key = context.site_key()
+    start, size = _starts()[2], SIZES[2]
+    with layer_scope(3):
+        ref = _dense(recipe, _padded(x, start, size), w[2], _padded(dy, start, size),
+                     jax.random.fold_in(call_key, 2))
+    np.testing.assert_array_equal(np.asarray(dx[start:start + size], np.float32),
+                                  np.asarray(ref[1][:size], np.float32))
+    np.testing.assert_array_equal(np.asarray(dw[2]), np.asarray(ref[2]))
+    assert np.any(np.asarray(grads(None)[2][2]) != np.asarray(dw[2])), "the layer index changes the bits"
+
+
+def test_rows_past_the_groups_are_zero_even_with_a_non_finite_weight():
+    """Traced group sizes may sum to less than M (as lax.ragged_dot allows): the windows
+    reaching past the groups leave nothing there, in y or in dx."""
+    x, w, dy = _operands()
+    w = w.at[3, 5, 7].set(jnp.inf)
+    y, dx, dw = jax.jit(lambda x, w, dy, sizes: _grouped(lp.get_recipe("bf16"), x, w, dy, sizes))(
+        x, w, dy, jnp.asarray((37, 0, 100, 23), jnp.int32))
+    assert not np.any(np.asarray(y[160:], np.float32)) and not np.any(np.asarray(dx[160:], np.float32))
+    # The last group's window (zero rows times inf: NaN) covers the rows past the groups.
+    assert not np.all(np.isfinite(np.asarray(y[137:160], np.float32)))
+
+
+_SCALE = contextvars.ContextVar("test_ragged_dot_scale")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScaledDotGeneral:
+    """lp.dot_general times a traced scale it reads while traced, as a statistics tap
+    closes over its sink: the scale's gradient must come back through the grouped call."""
+
+    inner: lp.LowPrecisionDotGeneral
+
+    @property
+    def recipe(self):
+        return self.inner.recipe
+
+    def __call__(self, lhs, rhs, dimension_numbers, preferred_element_type=None):
+        y = self.inner(lhs, rhs, dimension_numbers, preferred_element_type=preferred_element_type)
+        return y * _SCALE.get().astype(y.dtype)
+
+
+def test_a_traced_value_the_gemm_closes_over_gets_its_gradient():
+    x, w, dy = _operands()
+    grouped = LowPrecisionRaggedDot(_ScaledDotGeneral(lp.dot_general("bf16")))
+    sizes = jnp.asarray(SIZES, jnp.int32)
+
+    def loss(scale, x):
+        token = _SCALE.set(scale)
+        try:
+            y = grouped(x, w, sizes, preferred_element_type=jnp.float32)
+        finally:
+            _SCALE.reset(token)
+        return jnp.vdot(y, dy.astype(jnp.float32))
+
+    d_scale, dx = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.float32(2.0), x)
+    unscaled = lp.ragged_dot("bf16")(x, w, sizes, preferred_element_type=jnp.float32)
+    np.testing.assert_allclose(float(d_scale), float(jnp.vdot(unscaled, dy.astype(jnp.float32))), rtol=1e-5)
+    _, ref_dx, _ = _grouped(lp.get_recipe("bf16"), x, w, dy, SIZES)
+    np.testing.assert_allclose(np.asarray(dx, np.float32), 2 * np.asarray(ref_dx, np.float32), rtol=1e-2)
 
 
 def test_bf16_matches_lax_ragged_dot_to_rounding():
