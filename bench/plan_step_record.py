@@ -66,16 +66,23 @@ MOE_COMMAND = ("python -m lp_jax.plan --config configs/qwen3_30b_a3b_{recipe}.ya
 
 def moe_rows(folder: pathlib.Path) -> list[list[str]]:
     # The recipes whose compile finished (a deviceless compile can be killed for memory).
-    plans = {r: json.loads((folder / f"{r}.json").read_text())["rows"][0] for r in RECIPES
-             if (folder / f"{r}.json").exists()}
-    plans = {r: row for r, row in plans.items() if "estimate" in row}
+    files = {r: json.loads((folder / f"{r}.json").read_text()) for r in RECIPES if (folder / f"{r}.json").exists()}
+    plans = {r: dict(f["rows"][0], gpus=f["gpus"]) for r, f in files.items() if "estimate" in f["rows"][0]}
     bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
     return [[recipe, row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
              f"{1 - row['memory']['per_gpu_bytes'] / row['memory']['capacity_bytes']:.0%}",
              f"{row['hbm_bytes'] / 1e12:.0f}", f"{row['collective_bytes'] / 1e12:.1f}",
              ", ".join(f"{lib} {n}" for lib, n in sorted(row["gemms"].items())),
-             f"{row['estimate']['tflops_per_gpu']:.0f}", f"{row['estimate']['tokens_per_s'] / bf16_tokens:.2f}"]
+             f"{row['estimate']['tflops_per_gpu']:.0f}", f"{row['estimate']['tokens_per_s'] / row['gpus']:.0f}",
+             f"{row['estimate']['tokens_per_s'] / bf16_tokens:.2f}"]
             for recipe, row in plans.items()]
+
+
+# Megatron Bridge's published Qwen3-30B-A3B row on 8 GB200s (its performance summary, 25.11
+# NeMo container: MXFP8, GBS 512, MBS 4, EP 8, routing forced balanced), measured on GPUs.
+BRIDGE_30B_A3B = ("Megatron Bridge (25.11 container, measured on 8 GB200s): MXFP8, global batch 512, "
+                  "micro-batch 4, EP 8, routing forced balanced: 23766 tokens/s per GPU, 547 model "
+                  "TFLOP/s per GPU; no BF16 row is published for this model on GB200.")
 
 
 def main() -> None:
@@ -88,11 +95,13 @@ def main() -> None:
         path = write_record(
             "plan-30b-a3b-gb200-step", "Qwen3-30B-A3B, sequence 4096, the shipped configs on 8 GB200s",
             MOE_COMMAND, ["recipe", "policy", "GB per GPU (of 186)", "free", "HBM TB per step",
-                          "collective TB per step", "GEMM launches per step", "TFLOP/s per GPU", "x BF16"],
+                          "collective TB per step", "GEMM launches per step", "TFLOP/s per GPU",
+                          "tokens/s per GPU", "x BF16"],
             moe_rows(args.folder), "deviceless compile for 8 GB200s on a 2-core CPU machine", estimate=True,
-            estimate_columns=["TFLOP/s per GPU", "x BF16"],
+            estimate_columns=["TFLOP/s per GPU", "tokens/s per GPU", "x BF16"],
             note="Expert parallelism over the 8 GPUs, micro-batch 1, remat full, scanned layers; expert "
-                 "GEMMs costed under balanced routing (each group's window for an even share of the rows).")
+                 "GEMMs costed under balanced routing (each group's window for an even share of the rows). "
+                 + BRIDGE_30B_A3B)
         print(f"wrote {path.relative_to(ROOT)}")
         return
     if args.gpu == "h200":
