@@ -17,7 +17,6 @@ from lp_jax.study.tables import table as _table
 from lp_jax.study.tables import table1, table2, table3
 from lp_jax.study.variants import REFERENCE, TARGETS
 from lp_jax.training.validate import resolve
-from models.config import count_params
 
 CURVE_POINTS = 200  # smoothed training-loss points per run kept in study.json
 
@@ -134,15 +133,32 @@ def _tokens(count: float) -> str:
     return f"{count / 1e6:.1f} M" if count >= 1e5 else f"{count:,.0f}"
 
 
+def _param_count(model_type: str, model) -> int:
+    """The parameters of the run's model as its family builds it (any model.type): their
+    shapes, traced without allocating."""
+    import jax
+    from flax import nnx
+
+    from lp_jax.model_registry import build_model
+    abstract = nnx.eval_shape(lambda: build_model(model_type, model, nnx.Rngs(0)))
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def _model_line(model_type: str, model) -> str:
+    mlp = (f"{model.num_experts} experts of width {model.moe_ffn_hidden_size or model.intermediate_size}, "
+           f"{model.moe_router_topk} per token" if model.num_experts else f"FFN {model.intermediate_size}")
+    return (f"- Model: {model.num_layers} layers, hidden {model.hidden_size}, {mlp}, {model.num_heads} "
+            f"heads ({model.num_kv_heads} KV), vocab {model.vocab_size}; "
+            f"{_param_count(model_type, model) / 1e6:.2f} M parameters.")
+
+
 def _setup_lines(entries: list[dict], options, groups: list[dict]) -> list[str]:
     config = entries[0]["config"]
     model = resolve(config).model_config
     tokens = config.steps * config.data.global_batch_size * config.data.seq_len
     return [
         f"Command: `{_command(options)}`", "",
-        f"- Model: {model.num_layers} layers, hidden {model.hidden_size}, FFN "
-        f"{model.intermediate_size}, {model.num_heads} heads ({model.num_kv_heads} KV), vocab "
-        f"{model.vocab_size}; {count_params(model) / 1e6:.2f} M parameters.",
+        _model_line(config.model.type, model),
         f"- Data: `{config.data.source}` ({config.data.tokenizer} tokenizer), sequence "
         f"{config.data.seq_len}, global batch {config.data.global_batch_size}, "
         f"{config.steps} steps = {_tokens(tokens)} tokens, seed {config.seed}; every run "
