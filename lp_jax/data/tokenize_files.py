@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from lp_jax.data.readers import InputFile, read_documents
+from lp_jax.data.readers import InputError, InputFile, read_documents
+from lp_jax.data.rust_panics import TokenizerPanic
 from lp_jax.data.tokenizers import Tokenizer
 
 SPLITS = ("train", "val")
@@ -74,10 +75,16 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
     counts = {job.name: {split: [0, 0] for split in SPLITS} for job in jobs}  # documents, tokens
     skipped = {job.name: Counter() for job in jobs}
     batch: list[tuple[str, str, str]] = []  # (text, split, file name)
+    path_of = {job.name: job.source.path for job in jobs}
     chars = 0
 
     def flush():
-        encoded = tokenizer.encode_batch([text for text, _, _ in batch])
+        try:
+            encoded = tokenizer.encode_batch([text for text, _, _ in batch])
+        except TokenizerPanic as e:  # a batch runs across files: name the ones it holds
+            paths = list(dict.fromkeys(path_of[name] for _, _, name in batch))
+            where = paths[0] if len(paths) == 1 else f"a document of {paths[0]} ... {paths[-1]}"
+            raise InputError(f"{where}: {e}") from None
         for split in SPLITS:
             mine = [(ids, name) for ids, (_, side, name) in zip(encoded, batch) if side == split]
             if not mine:
