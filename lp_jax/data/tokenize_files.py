@@ -37,6 +37,7 @@ class Settings:
     text_field: str = "text"
     missing_field: str = "error"
     val_fraction: float = 0.0  # for BY_DOCUMENT files
+    invalid_utf8: str = "replace"  # or "error": refuse a text file that is not UTF-8
 
 
 @dataclasses.dataclass
@@ -74,6 +75,7 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
     lengths: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
     counts = {job.name: {split: [0, 0] for split in SPLITS} for job in jobs}  # documents, tokens
     skipped = {job.name: Counter() for job in jobs}
+    replaced = {job.name: Counter() for job in jobs}  # invalid UTF-8 read as U+FFFD
     batch: list[tuple[str, str, str]] = []  # (text, split, file name)
     path_of = {job.name: job.source.path for job in jobs}
     chars = 0
@@ -100,7 +102,8 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
     try:
         for job in jobs:
             documents = read_documents(job.source, settings.text_field, skipped[job.name],
-                                       settings.missing_field)
+                                       settings.missing_field, replaced[job.name],
+                                       settings.invalid_utf8)
             for row, text in documents:
                 if text is None:
                     continue
@@ -123,6 +126,8 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
                          for split, (d, t) in counts[job.name].items() if d}
         if skipped[job.name]:
             account["skipped"] = dict(sorted(skipped[job.name].items()))
+        if replaced[job.name]:
+            account["replaced"] = dict(sorted(replaced[job.name].items()))
         files[job.name] = account
     return TaskResult({split: f"{tmp_prefix}.{split}" for split in SPLITS},
                       {split: np.concatenate(lengths[split]) if lengths[split]

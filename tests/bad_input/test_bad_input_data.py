@@ -206,6 +206,18 @@ def test_binary_files_among_the_text_are_skipped_and_counted(tmp_path, token_cac
     assert sum(len(a) for a in splits.train.arrays) == sum(len(t) + 2 for t in texts.values())
 
 
+def test_invalid_utf8_in_the_text_is_counted_in_the_data_line(tmp_path, token_cache):
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 and more text\n" * 20)
+    (tmp_path / "b.txt").write_text("text that is UTF-8\n" * 20)
+    config = load_config(None, [f"data.paths=[{tmp_path}/*.txt]", "data.val_fraction=0",
+                                f"data.cache_dir={token_cache}", "data.seq_len=32"])
+    for _ in range(2):  # tokenized, then read from the cache: the count comes with it
+        splits = data.open_splits(config.data, ByteTokenizer(), 384, seed=0, progress=False)
+        assert splits.description.endswith(
+            f"; replaced 20 invalid UTF-8 byte sequence(s) with U+FFFD in 1 file(s), most in "
+            f"{tmp_path / 'a.txt'} (20)")
+
+
 def test_only_binary_files_is_an_error(tmp_path, token_cache, capsys):
     (tmp_path / "a.bin.txt").write_bytes(b"\x00\x01" * 100)
     rc, _, err = train(capsys, tiny(tmp_path / "run", token_cache, f"data.paths=[{tmp_path}/*.txt]"))
