@@ -1,6 +1,6 @@
 """Quiet while a checkpoint is read or a save fails: Orbax's logs (``orbax_logs``; a failed
-or interrupted save's threads, ``SaveThreadErrorsHushed``) and the reports of the reads (or writes) a
-failure abandons (``abandoned_reads_hushed``).
+or interrupted save's threads, ``SaveThreadErrorsHushed``) and the reports of the reads (or
+writes) a failure abandons (``abandoned_reads_hushed``).
 
 Orbax closes its event loop of concurrent array reads as soon as one read fails; each read
 still in flight then raises ``RuntimeError: Event loop is closed`` on a TensorStore thread,

