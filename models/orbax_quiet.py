@@ -1,6 +1,6 @@
 """Quiet while a checkpoint is read or a save fails: Orbax's logs (``orbax_logs``; a failed
-save's threads, ``SaveThreadErrorsHushed``) and the reports of the reads (or writes) a
-failure abandons (``abandoned_reads_hushed``).
+or interrupted save's threads, ``SaveThreadErrorsHushed``) and the reports of the reads (or
+writes) a failure abandons (``abandoned_reads_hushed``).
 
 Orbax closes its event loop of concurrent array reads as soon as one read fails; each read
 still in flight then raises ``RuntimeError: Event loop is closed`` on a TensorStore thread,
@@ -21,6 +21,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 
 
 @contextlib.contextmanager
@@ -44,6 +45,7 @@ class SaveThreadErrorsHushed:
     def __init__(self):
         self._logger = logging.getLogger("absl")
         self._logger.addFilter(self._keep)
+        self._for_good = False
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._hook
 
@@ -52,13 +54,28 @@ class SaveThreadErrorsHushed:
         return not _from_orbax(record.pathname) or record.levelno < logging.ERROR
 
     def _hook(self, unraisable) -> None:
-        if not _is_closed_loop(unraisable):
-            self._previous_hook(unraisable)
+        if _is_closed_loop(unraisable) or (self._for_good and _in_save_machinery(unraisable)):
+            return
+        self._previous_hook(unraisable)
 
     def close(self) -> None:
+        if self._for_good:
+            return
         self._logger.removeFilter(self._keep)
         if sys.unraisablehook is self._hook:
             sys.unraisablehook = self._previous_hook
+
+    def for_good(self) -> None:
+        """Keeps the hush to the end of the process (``close`` leaves it) and widens it, for
+        a save an interrupt cut short. Its threads go on with no one to report to and fail
+        as the interpreter shuts down under them; the interrupt itself may have landed while
+        Orbax built an event loop or held coroutines. So, after the run's one line, these
+        are dropped too: asyncio's reports of Orbax's writes nobody retrieved, exceptions
+        ignored in asyncio's or Orbax's finalizers (a half-built event loop's ``__del__``),
+        and the warnings of coroutines never awaited."""
+        self._for_good = True
+        _drop_orbax_unretrieved_for_good()
+        warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
 
     def __enter__(self):
         return self
@@ -69,6 +86,17 @@ class SaveThreadErrorsHushed:
 
 def _from_orbax(filename: str) -> bool:
     return f"{os.sep}orbax{os.sep}" in filename
+
+
+def _in_save_machinery(unraisable) -> bool:
+    """An unraisable exception raised in Orbax's or asyncio's code."""
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if _from_orbax(filename) or f"{os.sep}asyncio{os.sep}" in filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 # asyncio names the class of the object collected: Future, Task or a subclass of either.
@@ -108,10 +136,14 @@ def failed_writes_hushed():
         with abandoned_reads_hushed():
             yield
     except Exception:
-        logger = logging.getLogger("asyncio")
-        if not any(f is _drop_orbax_unretrieved for f in logger.filters):
-            logger.addFilter(_drop_orbax_unretrieved)
+        _drop_orbax_unretrieved_for_good()
         raise
+
+
+def _drop_orbax_unretrieved_for_good() -> None:
+    logger = logging.getLogger("asyncio")
+    if not any(f is _drop_orbax_unretrieved for f in logger.filters):
+        logger.addFilter(_drop_orbax_unretrieved)
 
 
 def _drop_orbax_unretrieved(record: logging.LogRecord) -> bool:

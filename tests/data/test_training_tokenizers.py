@@ -72,3 +72,25 @@ def test_eval_tokenizer_file_with_truncation_is_refused(tmp_path):
     hf.no_truncation()
     hf.save(str(tmp_path / "tokenizer.json"))
     assert HFTokenizerFile(str(tmp_path)).encode("hello hello hello hello hello") == [2] * 5
+
+
+def test_the_panic_probe_passes_on_what_others_write_to_stderr(capfd):
+    # fd 2 is held only to drop Rust's panic report: anything else written meanwhile
+    # (another thread, a C library) comes out after the probes, and so does a non-panic error.
+    import os
+
+    from lp_jax.data import rust_panics
+
+    def encode(text):
+        os.write(2, b"written meanwhile\n")
+
+    assert rust_panics.probe_panic(encode, ["a", "b"]) is None
+    assert capfd.readouterr().err == "written meanwhile\n" * 2
+
+    def interrupted(text):
+        os.write(2, b"before the interrupt\n")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rust_panics.probe_panic(interrupted, ["a"])
+    assert capfd.readouterr().err == "before the interrupt\n"

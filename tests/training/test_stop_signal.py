@@ -68,3 +68,36 @@ def test_a_second_signal_a_native_callback_wrapped_still_ends_the_run_as_interru
             stop.received = "SIGINT"
             native_walk()
     assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def _two_signals_python_handles_as_one():
+    """Two SIGTERMs delivered while the main thread cannot run Python (here: another thread
+    holds the interpreter lock; in a run: a step on the device, a compile): each is written
+    to the wake-up pipe, but Python runs the handler once for both."""
+    import sys
+    import threading
+
+    def send_two():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)  # the sender keeps the lock until it ends
+    try:
+        sender = threading.Thread(target=send_two)
+        sender.start()
+        sender.join()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_two_signals_handled_as_one_still_interrupt():
+    import time
+
+    with pytest.raises(Interrupted, match="interrupted by a second SIGTERM"):
+        with StopSignal() as stop:
+            _two_signals_python_handles_as_one()
+            deadline = time.monotonic() + 3  # (the watcher thread counts them)
+            while not stop.interrupted and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stop.check()
