@@ -58,14 +58,17 @@ class GroupedLinear(nnx.Module):
         self.dtype = cfg.dtype
         self.ragged_dot = lax.ragged_dot
 
-    def __call__(self, x_MxK, group_sizes, kernel=None, first_group=0):
+    def __call__(self, x_MxK, group_sizes, kernel=None, first_group=0, expected_rows=None):
         """``kernel``: this expert rank's slice of the kernel (expert parallelism,
-        models.moe_dispatch), whose first expert is expert ``first_group``; None: all of it."""
+        models.moe_dispatch), whose first expert is expert ``first_group``; None: all of it.
+        ``expected_rows``: the rows of ``x_MxK`` even routing fills (it is a worst-case
+        buffer there); None: all of them."""
         kernel = self.kernel[...] if kernel is None else kernel
         if not getattr(self.ragged_dot, "keeps_kernel_dtype", False):
             kernel = kernel.astype(self.dtype)
         # lp_jax's grouped GEMM keys each expert's stochastic rounding by its global index.
-        offset = {"first_group": first_group} if getattr(self.ragged_dot, "takes_first_group", False) else {}
+        offset = ({"first_group": first_group, "expected_rows": expected_rows}
+                  if getattr(self.ragged_dot, "takes_first_group", False) else {})
         return self.ragged_dot(x_MxK.astype(self.dtype), kernel, group_sizes,
                                preferred_element_type=self.dtype, **offset)
 
@@ -117,12 +120,13 @@ class MoE(nnx.Module):
         stats = {"aux_loss": aux, "z_loss": z, "load": share * e}
         return combined.astype(x_BxLxD.dtype).reshape(b, length, d), stats
 
-    def _experts(self, rows_MxD, sizes, kernels=(None, None), first_group=0):
+    def _experts(self, rows_MxD, sizes, kernels=(None, None), first_group=0, expected_rows=None):
         """The SwiGLU experts on rows sorted by expert (``sizes`` rows each); ``kernels``:
-        an expert rank's slices of (gate_up, down), whose first expert is ``first_group``."""
+        an expert rank's slices of (gate_up, down), whose first expert is ``first_group``;
+        ``expected_rows``: the rows even routing fills (GroupedLinear)."""
         gate_up, down = kernels
-        gate, up = jnp.split(self.gate_up(rows_MxD, sizes, gate_up, first_group), 2, axis=-1)
-        return self.down(swiglu(gate, up), sizes, down, first_group)
+        gate, up = jnp.split(self.gate_up(rows_MxD, sizes, gate_up, first_group, expected_rows), 2, axis=-1)
+        return self.down(swiglu(gate, up), sizes, down, first_group, expected_rows)
 
 
 class MoEBlock(Block):

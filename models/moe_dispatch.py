@@ -90,9 +90,10 @@ def combine(y_rows, order, token_of_row, weights_TxK, tokens: int):
 def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts: int, axis: str):
     """The routed MLP's output [T, D] (FP32) with the experts split over mesh ``axis``.
 
-    ``run_experts(rows [M, D], group_sizes [E / ep], kernels, first_group)`` runs the local
-    experts' grouped GEMMs on rows sorted by local expert (``kernels``: this rank's slices,
-    [E / ep, ...] each; ``first_group``: the global index of its first expert).
+    ``run_experts(rows [M, D], group_sizes [E / ep], kernels, first_group, expected_rows)``
+    runs the local experts' grouped GEMMs on rows sorted by local expert (``kernels``: this
+    rank's slices, [E / ep, ...] each; ``first_group``: the global index of its first expert;
+    ``expected_rows``: the rows of the worst-case M that even routing fills).
     ``kernels``: the experts' whole kernels [E, ...], split over ``axis`` on entry.
     """
     mesh = jax.sharding.get_abstract_mesh()
@@ -163,7 +164,9 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     grouped = jnp.where((source_of < rows_total)[:, None], flat_in[jnp.minimum(source_of, rows_total - 1)], 0)
 
     first_group = lax.axis_index(axis) * per_rank
-    out_rows = run_experts(grouped.astype(x_TxD.dtype), group, kernels, first_group)
+    # Under even routing a rank receives as many rows as it sends (tokens x k), 1/ep of the
+    # worst case when k <= E / ep: the plan costs the expert GEMMs for those.
+    out_rows = run_experts(grouped.astype(x_TxD.dtype), group, kernels, first_group, tokens * k)
 
     back = jnp.where(received.reshape(-1)[:, None], out_rows[jnp.minimum(dest, rows_total - 1)], 0)
     returned = lax.all_to_all(back.reshape(ep, capacity, -1).astype(out_rows.dtype), axis, 0, 0)

@@ -67,7 +67,9 @@ class LowPrecisionRaggedDot:
     # reads this to pass its kernel uncast.
     keeps_kernel_dtype = True
     # Takes ``first_group``: the global index of rhs's first group when rhs holds one expert
-    # rank's experts (expert parallelism, models.moe_dispatch), for the groups' SR keys.
+    # rank's experts (expert parallelism, models.moe_dispatch), for the groups' SR keys; and
+    # ``expected_rows``: what group_sizes sum to under even routing when lhs is a worst-case
+    # buffer, for the plan's cost of each group's window.
     takes_first_group = True
 
     @property
@@ -75,7 +77,7 @@ class LowPrecisionRaggedDot:
         return self.dot_general.recipe
 
     def __call__(self, lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-                 group_offset=None, first_group=0):
+                 group_offset=None, first_group=0, expected_rows=None):
         _check(lhs, rhs, group_sizes, group_offset)
         out_dtype = jnp.dtype(preferred_element_type or lhs.dtype)
         key = context.site_key() if _needs_key(self.recipe) else None
@@ -90,10 +92,15 @@ class LowPrecisionRaggedDot:
         gemms = tuple(
             _WindowGemm.trace(group_gemm, jax.ShapeDtypeStruct((rows, lhs.shape[1]), lhs.dtype), w_aval)
             for rows in window_sizes(lhs.shape[0]))
+        # The window a group of an even share of the routed rows takes: the branch the plan
+        # costs (lp_jax.plan.hlo_module). An expert-parallel rank's lhs is a worst-case buffer
+        # that routing fills to expected_rows.
+        even_share = -(-(lhs.shape[0] if expected_rows is None else expected_rows) // rhs.shape[0])
+        expected = int(np.searchsorted([g.rows for g in gemms], even_share))
         # first_group: the global index of rhs's first expert (an expert-parallel rank holds a
         # slice), which keys its stochastic rounding as on one device.
-        return _grouped(gemms, lhs, rhs, group_sizes.astype(jnp.int32), jnp.asarray(first_group, jnp.uint32),
-                        tuple(g.traced for g in gemms))
+        return _grouped(gemms, expected, lhs, rhs, group_sizes.astype(jnp.int32),
+                        jnp.asarray(first_group, jnp.uint32), tuple(g.traced for g in gemms))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -159,24 +166,22 @@ def _over_groups(step, carry, xs):
     return carry, (None if ys[0] is None else jnp.stack(ys))
 
 
-def _switch(gemms, groups, size, branch, *operands):
+def _switch(gemms, expected, size, branch, *operands):
     """``branch(gemm)`` of the smallest window that holds the group's ``size`` rows: only
-    that one runs. Traced under ``lp_expected_branch_<i>``, i the window of a group holding
-    an even share of the rows, which ``python -m lp_jax.plan`` then counts alone (its cost
-    under balanced routing; lp_jax.plan.hlo_module)."""
-    rows = [gemm.rows for gemm in gemms]
-    even_share = int(np.searchsorted(rows, -(-rows[-1] // groups)))
+    that one runs. Traced under ``lp_expected_branch_<expected>``, the window of a group
+    holding an even share of the routed rows, which ``python -m lp_jax.plan`` then counts
+    alone (its cost under balanced routing; lp_jax.plan.hlo_module)."""
     # searchsorted's index without its while loop
-    which = jnp.sum(size > jnp.asarray(rows))
-    with jax.named_scope(f"lp_expected_branch_{even_share}"):
+    which = jnp.sum(size > jnp.asarray([gemm.rows for gemm in gemms]))
+    with jax.named_scope(f"lp_expected_branch_{expected}"):
         return lax.switch(which, [branch(gemm, i) for i, gemm in enumerate(gemms)], *operands)
 
 
 # Each group's window output is written over the buffer at its first row, in group order:
 # its rows past the group (zero inputs) land on later groups' rows, which those groups
 # write again, or past M. The backward writes dgrad windows the same way.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped(gemms, x, w, sizes, first, traced):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _grouped(gemms, expected, x, w, sizes, first, traced):
     m, last = x.shape[0], gemms[-1].rows
     x_pad, starts = _padded(x, last), jnp.cumsum(sizes) - sizes
 
@@ -188,7 +193,7 @@ def _grouped(gemms, x, w, sizes, first, traced):
 
     def group(out, xs):
         g, w_g, start, size = xs
-        return _switch(gemms, w.shape[0], size, branch, out, g, w_g, start, size), None
+        return _switch(gemms, expected, size, branch, out, g, w_g, start, size), None
 
     y_aval = gemms[0].closed.out_avals[0]
     out = jnp.zeros((m + last, y_aval.shape[1]), y_aval.dtype)
@@ -196,12 +201,12 @@ def _grouped(gemms, x, w, sizes, first, traced):
     return _past_groups_zero(_over_groups(group, out, (groups, w, starts, sizes))[0][:m], sizes)
 
 
-def _grouped_fwd(gemms, x, w, sizes, first, traced):
+def _grouped_fwd(gemms, expected, x, w, sizes, first, traced):
     # The inputs are the residuals: the backward quantizes each group's window again.
-    return _grouped(gemms, x, w, sizes, first, traced), (x, w, sizes, first, traced)
+    return _grouped(gemms, expected, x, w, sizes, first, traced), (x, w, sizes, first, traced)
 
 
-def _grouped_bwd(gemms, res, dy):
+def _grouped_bwd(gemms, expected, res, dy):
     """Each group's dgrad and wgrad: the VJP of its window's GEMM (dot_general's own), run
     in that window only, so no cotangent of the whole buffer arises per group."""
     x, w, sizes, first, traced = res
@@ -230,7 +235,7 @@ def _grouped_bwd(gemms, res, dy):
 
     def group(carry, xs):
         g, w_g, start, size = xs
-        return _switch(gemms, w.shape[0], size, branch, carry, g, w_g, start, size)
+        return _switch(gemms, expected, size, branch, carry, g, w_g, start, size)
 
     d_floats = [[jnp.zeros_like(traced[i][j]) for j in js] for i, js in enumerate(inexact)]
     groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first

@@ -8,6 +8,7 @@ would straddle experts if the grid were the whole tensor's)."""
 import contextlib
 import contextvars
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -266,3 +267,18 @@ def test_windows_are_multiples_of_128_up_to_the_rows():
     assert window_sizes(4096) == (128, 256, 512, 1024, 2048, 4096)
     assert window_sizes(1000) == (128, 256, 512, 1024)
     assert window_sizes(100) == (128,)
+
+
+@pytest.mark.parametrize("expected_rows, branch", [(None, 2), (256, 0), (1024, 1)])
+def test_the_plans_expected_branch_is_the_window_of_an_even_share_of_the_routed_rows(expected_rows, branch):
+    # 2048 rows in 4 groups: windows 128, 256, 512, 1024, 2048. An even share of all of them
+    # is 512 (branch 2); of a worst-case buffer that routing fills to 256 rows, 64 (branch 0).
+    grouped = lp.ragged_dot(lp.get_recipe("mxfp8"))
+    x, w = jnp.zeros((2048, 64), jnp.bfloat16), jnp.zeros((4, 64, 32), jnp.float32)
+    step = jax.jit(jax.grad(lambda x, w: jnp.sum(grouped(x, w, jnp.array([512] * 4), expected_rows=expected_rows)),
+                            argnums=(0, 1)))
+    # The lowered program's locations (a compiled one may come from the tests' persistent
+    # cache, whose key leaves names out: another case's names).
+    text = step.lower(x, w).as_text(debug_info=True)
+    scopes = {int(s) for s in re.findall(r"lp_expected_branch_(\d+)", text)}
+    assert scopes == {branch}, scopes
