@@ -111,8 +111,8 @@ class MoE(nnx.Module):
             kernels = (self.gate_up.kernel[...], self.down.kernel[...])
             # The rows travel in the dtype the expert GEMMs take them in (they cast to it), so
             # an encoded dispatch quantizes the values those GEMMs would see.
-            combined = moe_dispatch.expert_parallel(self._experts, x.astype(cfg.dtype), weights, experts, kernels,
-                                                    e, axis, self.dispatch_codec)
+            combined = moe_dispatch.expert_parallel(self._experts, x.astype(cfg.dtype), weights, experts,
+                                                    kernels, e, axis, self.dispatch_codec)
         # Switch load balancing: f_e (share of the routed rows) times P_e (mean probability),
         # over the whole batch where ranks split it (moe_dispatch.batch_sum).
         all_tokens = moe_dispatch.batch_sum(jnp.float32(tokens))

@@ -97,7 +97,8 @@ def set_expert_dispatch(model, recipe: Recipe, dtype: str) -> list[str]:
     ``fp8_dispatch(recipe)``. Returns the layers' '/'-joined paths. A static attribute: the
     state tree and the checkpoints are the same either way."""
     if dtype not in EP_DISPATCH_DTYPES:
-        raise ValueError(f"ep_dispatch_dtype={dtype!r} is invalid: choose one of {', '.join(EP_DISPATCH_DTYPES)}")
+        raise ValueError(f"ep_dispatch_dtype={dtype!r} is invalid: choose one of "
+                         f"{', '.join(EP_DISPATCH_DTYPES)}")
     codec = fp8_dispatch(recipe) if dtype == "fp8" else None
     paths = []
     for path, node in nnx.iter_graph(model):

@@ -71,8 +71,8 @@ def check_experts(model_config, expert: int, model_type: str) -> None:
 def check_dispatch(ep_dispatch_dtype: str, expert: int) -> None:
     """An FP8 dispatch needs a dispatch: expert-parallel ranks to send rows to."""
     if ep_dispatch_dtype != "bf16" and expert == 1:
-        raise UserError(f"mesh.ep_dispatch_dtype={ep_dispatch_dtype} sends the expert-parallel dispatch in FP8, "
-                        "but mesh.expert=1 dispatches nothing; set mesh.expert above 1 or "
+        raise UserError(f"mesh.ep_dispatch_dtype={ep_dispatch_dtype} sends the expert-parallel dispatch "
+                        "in FP8, but mesh.expert=1 dispatches nothing; set mesh.expert above 1 or "
                         "mesh.ep_dispatch_dtype=bf16")
 
 

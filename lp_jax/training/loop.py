@@ -351,7 +351,8 @@ def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
     # Validation refused fp8 without expert-parallel ranks (mesh_checks.check_dispatch).
     if set_expert_dispatch(model, phase.recipe, mesh_config.ep_dispatch_dtype) and \
             mesh_config.ep_dispatch_dtype == "fp8":
-        say(f"mesh.ep_dispatch_dtype=fp8: the MoE layers dispatch their rows in {fp8_dispatch(phase.recipe).fmt}")
+        fmt = fp8_dispatch(phase.recipe).fmt
+        say(f"mesh.ep_dispatch_dtype=fp8: the MoE layers dispatch their rows in {fmt}")
     for path, linen in report.bridged.items():
         # A bridged Linen model's GEMMs are known once it runs: trace one call (no FLOPs), so
         # its plan is made (and bad rules refused) before the first step, and say it.

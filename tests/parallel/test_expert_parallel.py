@@ -107,8 +107,8 @@ def test_expert_ranks_split_the_batch(tmp_path, token_cache):
 ])
 def test_a_bad_or_idle_fp8_dispatch_is_one_line(overrides, message, tmp_path, token_cache):
     with pytest.raises(UserError) as e:
-        resolve(tiny(tmp_path, token_cache, "data.micro_batch_size=1", "data.global_batch_size=16", *overrides),
-                device_count=8, check_files=False)
+        resolve(tiny(tmp_path, token_cache, "data.micro_batch_size=1", "data.global_batch_size=16",
+                     *overrides), device_count=8, check_files=False)
     assert str(e.value) == message
 
 

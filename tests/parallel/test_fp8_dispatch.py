@@ -62,7 +62,8 @@ def test_rows_decode_to_values_the_expert_gemm_quantizes_to_themselves(recipe, f
 
 
 def test_mxfp8_dispatch_follows_the_recipes_scale_rule():
-    assert fp8_dispatch(lp_jax.get_recipe("mxfp8", scale_rule="floor")) == FP8Dispatch("mxfp8", "floor", "auto")
+    floor = lp_jax.get_recipe("mxfp8", scale_rule="floor")
+    assert fp8_dispatch(floor) == FP8Dispatch("mxfp8", "floor", "auto")
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_cs", "nvfp4"])
@@ -137,7 +138,8 @@ RECIPES = ("bf16", "fp8_cs", "fp8_block", "mxfp8", "nvfp4")
 def test_fp8_dispatch_halves_the_bytes_and_keeps_the_forward():
     """One MoE layer with expert=4 (tests/support/fp8_dispatch_layer.py), per recipe."""
     proc = run_python(["tests/support/fp8_dispatch_layer.py", *RECIPES], timeout=1800)
-    rows = {r["recipe"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = {r["recipe"]: r for r in lines}
     assert set(rows) == set(RECIPES)
     for recipe, r in rows.items():
         n, d = r["dispatch_rows"], r["hidden"]
@@ -168,8 +170,8 @@ def test_fp8_dispatch_halves_the_bytes_and_keeps_the_forward():
 
 def _losses(tmp_path, dispatch: str) -> tuple[list[float], str]:
     run_dir = tmp_path / dispatch
-    proc = run_python(["train.py", "--config", "configs/tiny_moe.yaml", "steps=2", "mesh.data=2", "mesh.expert=4",
-                       "model.scan_layers=true",
+    proc = run_python(["train.py", "--config", "configs/tiny_moe.yaml", "steps=2", "mesh.data=2",
+                       "mesh.expert=4", "model.scan_layers=true",
                        "data.micro_batch_size=1", "data.global_batch_size=8", "data.seq_len=64",
                        "data.source=mock", "logging.val_every=0", "logging.val_batches=0",
                        f"run_dir={run_dir}", f"mesh.ep_dispatch_dtype={dispatch}"], timeout=1200)
