@@ -90,6 +90,10 @@ class MoE(nnx.Module):
         self.router = Router(cfg, rngs=rngs)
         self.gate_up = GroupedLinear(e, d, 2 * f, cfg.init_std, cfg, rngs=rngs)
         self.down = GroupedLinear(e, f, d, output_init_std(cfg), cfg, rngs=rngs)
+        # How the expert-parallel dispatch encodes the rows it sends (models.moe_dispatch):
+        # None sends them in the activation dtype; the trainer sets lp_jax's FP8 dispatch
+        # here (mesh.ep_dispatch_dtype=fp8). A static attribute: no state, no checkpoint.
+        self.dispatch_codec = None
 
     def __call__(self, x_BxLxD):
         """(output [B, L, D], this layer's {aux_loss, z_loss, load [E]})."""
@@ -108,7 +112,10 @@ class MoE(nnx.Module):
             combined = moe_dispatch.combine(rows, order, token_of_row, weights, tokens)
         else:
             kernels = (self.gate_up.kernel[...], self.down.kernel[...])
-            combined = moe_dispatch.expert_parallel(self._experts, x, weights, experts, kernels, e, axis)
+            # The rows travel in the dtype the expert GEMMs take them in (they cast to it), so
+            # an encoded dispatch quantizes the values those GEMMs would see.
+            combined = moe_dispatch.expert_parallel(self._experts, x.astype(cfg.dtype), weights, experts,
+                                                    kernels, e, axis, self.dispatch_codec)
         # Switch load balancing: f_e (share of the routed rows) times P_e (mean probability),
         # over the whole batch where ranks split it (moe_dispatch.batch_sum).
         all_tokens = moe_dispatch.batch_sum(jnp.float32(tokens))

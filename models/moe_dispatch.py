@@ -24,9 +24,18 @@ source sent them (token order): with the batch split over expert ranks in order,
 the same order, so the grouped GEMM quantizes each expert's rows as it would there (its
 blocks along the tokens, its tensor scale, its stochastic-rounding key: ``first_group``
 gives the global expert index).
+
+The dispatch may travel encoded (``codec``, set on the MoE layer by the trainer: lp_jax's
+FP8 dispatch, ``mesh.ep_dispatch_dtype=fp8``): the rows leave as ``codec.encode(rows)``, one
+array that packs the low-precision values and their scales, so one all-to-all moves both,
+and arrive as ``codec.decode(packed, D, dtype)``. The backward moves the dispatched rows'
+cotangent in the activation dtype, the quantize-dequantize taken as the identity (a
+straight-through estimator, as DeepSeek-V3 sends its dispatch gradient in BF16); the
+combine moves the experts' outputs in the activation dtype both ways.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -87,7 +96,8 @@ def combine(y_rows, order, token_of_row, weights_TxK, tokens: int):
         y_rows.astype(jnp.float32) * weights_TxK.reshape(-1)[order][:, None])
 
 
-def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts: int, axis: str):
+def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts: int, axis: str,
+                    codec=None):
     """The routed MLP's output [T, D] (FP32) with the experts split over mesh ``axis``.
 
     ``run_experts(rows [M, D], group_sizes [E / ep], kernels, first_group, expected_rows)``
@@ -95,6 +105,8 @@ def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_e
     rank's slices, [E / ep, ...] each; ``first_group``: the global index of its first expert;
     ``expected_rows``: the rows of the worst-case M that even routing fills).
     ``kernels``: the experts' whole kernels [E, ...], split over ``axis`` on entry.
+    ``codec``: None (the dispatch moves the rows as they are) or an encoding of the
+    dispatched rows (``send_rows``).
     """
     mesh = jax.sharding.get_abstract_mesh()
     table = dict(spmd.get_logical_axis_rules())
@@ -113,14 +125,45 @@ def expert_parallel(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_e
     rows = P(rows_over)
 
     def local(x, weights, experts, kernels):
-        return _dispatch_run_combine(run_experts, x, weights, experts, kernels, num_experts, axis, ep)
+        return _dispatch_run_combine(run_experts, x, weights, experts, kernels, num_experts, axis, ep, codec)
 
     return jax.shard_map(
         local, mesh=mesh, in_specs=(rows, rows, rows, tuple(P(axis) for _ in kernels)), out_specs=rows,
         axis_names=set(auto), check_vma=False)(x_TxD, weights_TxK, experts_TxK, tuple(kernels))
 
 
-def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts, axis, ep):
+def send_rows(rows, axis: str, codec=None):
+    """``rows`` [ep, capacity, D] all-to-all over mesh ``axis`` (buffer r to rank r).
+
+    With a ``codec``, the forward moves ``codec.encode(rows)`` (values and scales packed in
+    one array) and returns ``codec.decode(received, D, rows.dtype)``; the backward moves the
+    cotangent as it comes, in the activation dtype: the quantize-dequantize is taken as the
+    identity (straight-through)."""
+    if codec is None:
+        return lax.all_to_all(rows, axis, 0, 0)
+    return _send_encoded(codec, axis, rows)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _send_encoded(codec, axis, rows):
+    received = lax.all_to_all(codec.encode(rows), axis, 0, 0)
+    return codec.decode(received, rows.shape[-1], rows.dtype)
+
+
+def _send_encoded_fwd(codec, axis, rows):
+    return _send_encoded(codec, axis, rows), None
+
+
+def _send_encoded_bwd(codec, axis, _, d_received):
+    # all_to_all over the leading axis is its own transpose: buffer r goes back to rank r.
+    return (lax.all_to_all(d_received, axis, 0, 0),)
+
+
+_send_encoded.defvjp(_send_encoded_fwd, _send_encoded_bwd)
+
+
+def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels, num_experts, axis, ep,
+                          codec=None):
     """One device's part: its tokens' rows to their experts' ranks, this rank's experts on
     the rows it received, the results back, weighted and summed per token."""
     tokens, k = experts_TxK.shape
@@ -141,7 +184,7 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     x_rows = x_TxD[token_of_row]
     outgoing = jnp.where(in_buffer[..., None], x_rows[source_row], 0).astype(x_TxD.dtype)
 
-    incoming = lax.all_to_all(outgoing, axis, 0, 0)  # [source rank, capacity, D]
+    incoming = send_rows(outgoing, axis, codec)  # [source rank, capacity, D]
     got = lax.all_to_all(counts, axis, 0, 0)  # [source rank, local expert]: rows received
 
     # Where each received row goes in the grouped layout (local expert, source rank, order).

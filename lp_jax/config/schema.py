@@ -346,6 +346,7 @@ class LoggingConfig:
 
 
 TP_REDUCE_DTYPES = ("bf16", "fp32")  # mesh.tp_reduce_dtype
+EP_DISPATCH_DTYPES = ("bf16", "fp8")  # mesh.ep_dispatch_dtype
 MOCK_SOURCES = ("mock", "mock_uniform")  # data.source values that read no tokenizer
 
 
@@ -375,6 +376,11 @@ class MeshConfig:
     # bf16 moves them in BF16 (as Megatron; summed in FP32 on arrival), fp32 lets the
     # partitioner all-reduce them in FP32 (twice the bytes). docs/scaling.md.
     tp_reduce_dtype: str = "bf16"
+    # Expert-parallel dispatch (mesh.expert > 1): bf16 sends the routed rows in model.dtype
+    # (the activation dtype, BF16 by default); fp8 sends them as E4M3 with block scales, as
+    # DeepSeek-V3 does (MXFP8's 1x32 format under MXFP8, 1x128 blocks otherwise), about
+    # half the bytes; its backward and the combine stay in model.dtype. docs/moe.md.
+    ep_dispatch_dtype: str = "bf16"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,14 @@ def check_experts(model_config, expert: int, model_type: str) -> None:
                         "expert-parallel rank must hold whole experts")
 
 
+def check_dispatch(ep_dispatch_dtype: str, expert: int) -> None:
+    """An FP8 dispatch needs a dispatch: expert-parallel ranks to send rows to."""
+    if ep_dispatch_dtype != "bf16" and expert == 1:
+        raise UserError(f"mesh.ep_dispatch_dtype={ep_dispatch_dtype} sends the expert-parallel dispatch "
+                        "in FP8, but mesh.expert=1 dispatches nothing; set mesh.expert above 1 or "
+                        "mesh.ep_dispatch_dtype=bf16")
+
+
 def check_blocks(model_config, recipes, mesh_shape: dict[str, int], micro_batch_size: int,
                  seq_len: int, model_type: str = "llama") -> None:
     """UserError if any recipe would split a quantization block across the mesh, for the

@@ -21,6 +21,7 @@ from lp_jax.errors import UserError
 from lp_jax.kernels.cuda_target import cuda_target
 from lp_jax.kernels.launch import compiled_kernels
 from lp_jax.model_registry import build_model
+from lp_jax.parallel.expert_dispatch import set_expert_dispatch
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.parallel.partitioning import batch_sharding
@@ -90,6 +91,7 @@ def compile_step(plan: ValidatedRun, gpu: GPU, count: int) -> CompiledStep:
     model = nnx.eval_shape(lambda: build_model(cfg.model.type, plan.model_config, nnx.Rngs(cfg.seed)))
     lp_jax.apply_recipe(model, plan.phases[0].recipe,
                         layout=LinearLayout(dict(mesh.shape), cfg.mesh.tp_reduce_dtype))
+    set_expert_dispatch(model, plan.phases[0].recipe, cfg.mesh.ep_dispatch_dtype)
     graphdef, params, rest = split_model(model)
     target = abstract_state((graphdef, params, rest), tx, cfg.seed)
     shardings = spec.state_shardings(target)

@@ -23,11 +23,13 @@ from jax.experimental import multihost_utils
 
 import lp_jax
 from lp_jax import model_registry
+from lp_jax.config.schema import MeshConfig
 from lp_jax.config.yaml_io import changed_keys, dump_yaml, to_dict, with_defaults
 from lp_jax.data import pipeline as data_lib
 from lp_jax.data.fingerprint import changes as data_changes, fingerprint as data_fingerprint
 from lp_jax.errors import RunStoppedError, UserError
 from lp_jax.parallel.distributed import is_primary
+from lp_jax.parallel.expert_dispatch import fp8_dispatch, set_expert_dispatch
 from lp_jax.parallel.linear_layout import LinearLayout
 from lp_jax.parallel.mesh import make_mesh
 from lp_jax.runs import init_weights
@@ -186,7 +188,7 @@ def build(plan: ValidatedRun) -> _Run:
             state = init_weights.load(plan, state, say)  # init.hf / init.checkpoint, if set
         state = jax.device_put(state, shardings)  # restored scalars may come back uncommitted
         phase = plan.phase_at(start + 1)
-        graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh.tp_reduce_dtype,
+        graphdef = _with_recipe(abstract_model, phase, say, mesh, cfg.mesh,
                                 (cfg.data.micro_batch_size, cfg.data.seq_len))
         say(f"data: {splits.description}; {plan.accum_steps} micro-batch(es) of "
             f"{global_batch // plan.accum_steps} sequences per step; mesh data={plan.data_parallel} "
@@ -338,12 +340,19 @@ def _check_batch_change(found, cfg, train_it, say) -> None:
 
 
 def _with_recipe(model: nnx.Module, phase: Phase, say, mesh: jax.sharding.Mesh,
-                 tp_reduce_dtype: str, tokens_shape: tuple[int, int]) -> nnx.GraphDef:
+                 mesh_config: MeshConfig, tokens_shape: tuple[int, int]) -> nnx.GraphDef:
     """Applies the phase's recipe to the model in place (with FSDP gathers of quantized
     bytes where precision.param_gather says so, tensor-parallel reductions in
-    mesh.tp_reduce_dtype) and returns its graphdef."""
-    report = lp_jax.apply_recipe(model, phase.recipe, layout=LinearLayout(dict(mesh.shape), tp_reduce_dtype))
+    mesh.tp_reduce_dtype, the expert-parallel dispatch in mesh.ep_dispatch_dtype) and
+    returns its graphdef."""
+    layout = LinearLayout(dict(mesh.shape), mesh_config.tp_reduce_dtype)
+    report = lp_jax.apply_recipe(model, phase.recipe, layout=layout)
     say(str(report).splitlines()[0])
+    # Validation refused fp8 without expert-parallel ranks (mesh_checks.check_dispatch).
+    if set_expert_dispatch(model, phase.recipe, mesh_config.ep_dispatch_dtype) and \
+            mesh_config.ep_dispatch_dtype == "fp8":
+        fmt = fp8_dispatch(phase.recipe).fmt
+        say(f"mesh.ep_dispatch_dtype=fp8: the MoE layers dispatch their rows in {fmt}")
     for path, linen in report.bridged.items():
         # A bridged Linen model's GEMMs are known once it runs: trace one call (no FLOPs), so
         # its plan is made (and bad rules refused) before the first step, and say it.
@@ -423,7 +432,7 @@ def _train_one_step(r: _Run, step: int) -> dict:
     if r.plan.phase_at(step) is not r.phase:
         r.phase = r.plan.phase_at(step)
         model = nnx.merge(r.graphdef, r.state["params"], r.state["rest"])
-        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh, cfg.mesh.tp_reduce_dtype,
+        r.graphdef = _with_recipe(model, r.phase, r.say, r.mesh, cfg.mesh,
                                   (cfg.data.micro_batch_size, cfg.data.seq_len))
         r.say(f"step {step}: precision -> {r.phase.name}")
     host = next(r.train_it)

@@ -16,7 +16,13 @@ import yaml
 
 import lp_jax
 from lp_jax.config.recipe_options import split_overrides
-from lp_jax.config.schema import MOCK_SOURCES, TP_REDUCE_DTYPES, PrecisionConfig, TrainConfig
+from lp_jax.config.schema import (
+    EP_DISPATCH_DTYPES,
+    MOCK_SOURCES,
+    TP_REDUCE_DTYPES,
+    PrecisionConfig,
+    TrainConfig,
+)
 from lp_jax.config.yaml_io import from_dict
 from lp_jax.data import megatron, shards
 from lp_jax.data.prepare_data import split_by_file, text_files
@@ -109,6 +115,7 @@ def resolve(config: TrainConfig, device_count: int | None = None,
 
     mesh_checks.check_heads(model_config, tensor)
     mesh_checks.check_experts(model_config, expert, config.model.type)
+    mesh_checks.check_dispatch(config.mesh.ep_dispatch_dtype, expert)
     mesh_checks.check_blocks(model_config, [p.recipe for p in phases],
                              {"data": data_parallel, "fsdp": fsdp, "expert": expert, "tensor": tensor},
                              config.data.micro_batch_size, config.data.seq_len, config.model.type)
@@ -168,6 +175,8 @@ def _check_scalars(c: TrainConfig) -> None:
                  "does too: set data.reset_attention_mask=true, or reset_position_ids=false")
     _fail_unless(c.mesh.tp_reduce_dtype in TP_REDUCE_DTYPES, "mesh.tp_reduce_dtype", c.mesh.tp_reduce_dtype,
                  f"choose one of {', '.join(TP_REDUCE_DTYPES)}")
+    _fail_unless(c.mesh.ep_dispatch_dtype in EP_DISPATCH_DTYPES, "mesh.ep_dispatch_dtype",
+                 c.mesh.ep_dispatch_dtype, f"choose one of {', '.join(EP_DISPATCH_DTYPES)}")
     o = c.optimizer
     _fail_unless(0 <= o.b1 < 1, "optimizer.b1", o.b1, "must be in [0, 1)")
     _fail_unless(0 <= o.b2 < 1, "optimizer.b2", o.b2, "must be in [0, 1)")

@@ -96,3 +96,24 @@ def test_expert_ranks_split_the_batch(tmp_path, token_cache):
                    check_files=False)
     assert (plan.data_parallel, plan.fsdp, plan.tensor, plan.expert) == (2, 1, 1, 4)
     assert plan.accum_steps == 2  # 16 sequences, 1 per micro-batch on each of 2 x 4 ranks
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.type=moe", "mesh.data=2", "mesh.expert=4", "mesh.ep_dispatch_dtype=e4m3"],
+     "mesh.ep_dispatch_dtype='e4m3' is invalid: choose one of bf16, fp8"),
+    (["model.type=moe", "mesh.data=8", "mesh.ep_dispatch_dtype=fp8"],
+     "mesh.ep_dispatch_dtype=fp8 sends the expert-parallel dispatch in FP8, but mesh.expert=1 dispatches "
+     "nothing; set mesh.expert above 1 or mesh.ep_dispatch_dtype=bf16"),
+])
+def test_a_bad_or_idle_fp8_dispatch_is_one_line(overrides, message, tmp_path, token_cache):
+    with pytest.raises(UserError) as e:
+        resolve(tiny(tmp_path, token_cache, "data.micro_batch_size=1", "data.global_batch_size=16",
+                     *overrides), device_count=8, check_files=False)
+    assert str(e.value) == message
+
+
+def test_an_fp8_dispatch_resolves_on_an_expert_mesh(tmp_path, token_cache):
+    plan = resolve(tiny(tmp_path, token_cache, "model.type=moe", "mesh.data=2", "mesh.expert=4",
+                        "mesh.ep_dispatch_dtype=fp8", "data.micro_batch_size=1", "data.global_batch_size=16"),
+                   device_count=8, check_files=False)
+    assert plan.config.mesh.ep_dispatch_dtype == "fp8" and plan.expert == 4
