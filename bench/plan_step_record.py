@@ -11,7 +11,8 @@
     # data.micro_batch_size=MB model.remat=POLICY on the same command
     python -m bench.plan_step_record OUT --gpu h200
 
-    # Qwen3-30B-A3B: configs/qwen3_30b_a3b_{recipe}.yaml on 8 GB200s, model.vocab_size=151936
+    # Qwen3-30B-A3B: configs/qwen3_30b_a3b_{recipe}.yaml on 8 GB200s, model.vocab_size=151936,
+    # and MXFP8's with mesh.ep_dispatch_dtype=fp8 (OUT/mxfp8-fp8_dispatch.json)
     python -m bench.plan_step_record OUT --model qwen3_30b_a3b
 
 Run it in the environment that compiled (the record stamps its JAX version). Each recipe is
@@ -64,18 +65,24 @@ MOE_COMMAND = ("python -m lp_jax.plan --config configs/qwen3_30b_a3b_{recipe}.ya
                "--recipes {recipe} data.source=mock model.vocab_size=151936")
 
 
+# The 30B-A3B runs: each shipped config, and MXFP8's with the dispatch in FP8
+# (OUT/mxfp8-fp8_dispatch.json: mesh.ep_dispatch_dtype=fp8 on MXFP8's command).
+MOE_RUNS = {"bf16": "bf16", "fp8_cs": "fp8_cs", "mxfp8": "mxfp8", "nvfp4": "nvfp4",
+            "mxfp8-fp8_dispatch": "mxfp8, FP8 dispatch"}
+
+
 def moe_rows(folder: pathlib.Path) -> list[list[str]]:
-    # The recipes whose compile finished (a deviceless compile can be killed for memory).
-    files = {r: json.loads((folder / f"{r}.json").read_text()) for r in RECIPES if (folder / f"{r}.json").exists()}
+    # The runs whose compile finished (a deviceless compile can be killed for memory).
+    files = {r: json.loads((folder / f"{r}.json").read_text()) for r in MOE_RUNS if (folder / f"{r}.json").exists()}
     plans = {r: dict(f["rows"][0], gpus=f["gpus"]) for r, f in files.items() if "estimate" in f["rows"][0]}
     bf16_tokens = plans["bf16"]["estimate"]["tokens_per_s"]
-    return [[recipe, row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
+    return [[MOE_RUNS[run], row["policy"], f"{row['memory']['per_gpu_bytes'] / 1e9:.1f}",
              f"{1 - row['memory']['per_gpu_bytes'] / row['memory']['capacity_bytes']:.0%}",
              f"{row['hbm_bytes'] / 1e12:.0f}", f"{row['collective_bytes'] / 1e12:.1f}",
              ", ".join(f"{lib} {n}" for lib, n in sorted(row["gemms"].items())),
              f"{row['estimate']['tflops_per_gpu']:.0f}", f"{row['estimate']['tokens_per_s'] / row['gpus']:.0f}",
              f"{row['estimate']['tokens_per_s'] / bf16_tokens:.2f}"]
-            for recipe, row in plans.items()]
+            for run, row in plans.items()]
 
 
 # Megatron Bridge's published Qwen3-30B-A3B row on 8 GB200s (its performance summary, 25.11
@@ -100,7 +107,8 @@ def main() -> None:
             moe_rows(args.folder), "deviceless compile for 8 GB200s on a 2-core CPU machine", estimate=True,
             estimate_columns=["TFLOP/s per GPU", "tokens/s per GPU", "x BF16"],
             note="Expert parallelism over the 8 GPUs, micro-batch 1, remat full, scanned layers; expert "
-                 "GEMMs costed under balanced routing (each group's window for an even share of the rows). "
+                 "GEMMs costed under balanced routing (each group's window for an even share of the routed "
+                 "rows); \"FP8 dispatch\": mesh.ep_dispatch_dtype=fp8 on MXFP8's command. "
                  + BRIDGE_30B_A3B)
         print(f"wrote {path.relative_to(ROOT)}")
         return
