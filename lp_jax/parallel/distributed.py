@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import jax
+import jax._src.distributed  # the runtime client, for the peer watch's key-value store
 
 from lp_jax.config.schema import DistributedConfig
 from lp_jax.errors import UserError
@@ -61,6 +62,22 @@ def maybe_initialize(cfg: DistributedConfig) -> bool:
     if not jax.distributed.is_initialized():
         jax.distributed.initialize(**kwargs)
     return jax.process_count() > 1
+
+
+def watch_peers(exit_code: int):
+    """In a multi-process run, starts the watch that ends this process with one line,
+    exiting ``exit_code``, when another process dies (lp_jax.parallel.peer_watch), and
+    routes C++'s stderr through lp_jax.parallel.stderr_relay; returns the watch, or None."""
+    from lp_jax.parallel import peer_watch, stderr_relay
+
+    state = getattr(jax._src.distributed, "global_state", None)
+    client, address = getattr(state, "client", None), getattr(state, "coordinator_address", None)
+    if jax.process_count() == 1 or client is None or not address:
+        return None
+    stderr_relay.install()
+    return peer_watch.start(client, jax.process_index(), jax.process_count(),
+                            peer_watch.coordinator_host(address), exit_code,
+                            before_exit=stderr_relay.drop_rest)
 
 
 def is_primary() -> bool:

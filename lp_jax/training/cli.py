@@ -3,7 +3,9 @@ checkpoints it names) exits 2 with one line, never a traceback; a run that has t
 (non-finite steps, a checkpoint or metrics file that cannot be written, the run folder
 gone) exits 1 with one line; a first SIGINT/SIGTERM saves and exits
 checkpoint.preempted_exit_code (75) for a scheduler to requeue the run; a second interrupts
-at once and exits 130 with one line."""
+at once and exits 130 with one line. In a multi-process run, a process that dies ends the
+others, each with one line naming it, exiting checkpoint.preempted_exit_code too
+(lp_jax.parallel.peer_watch)."""
 from __future__ import annotations
 
 import argparse
@@ -39,12 +41,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="validate the config, print it resolved, and exit without training")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
+    peers = _Peers()
+    try:
+        return _main(args, peers)
+    finally:
+        if peers.watch is not None:
+            peers.watch.bye()  # this process ends deliberately: the others do not report it
+
+
+class _Peers:
+    """The peer watch of a multi-process run (lp_jax.parallel.peer_watch), once started."""
+    watch = None
+
+
+def _main(args: argparse.Namespace, peers: _Peers) -> int:
     try:
         config = load_config(find_config(args.config), args.overrides)
-        from lp_jax.parallel.distributed import maybe_initialize
+        from lp_jax.parallel.distributed import maybe_initialize, watch_peers
         from lp_jax.training.validate import resolve
 
-        maybe_initialize(config.distributed)  # before JAX counts the devices
+        if maybe_initialize(config.distributed):  # before JAX counts the devices
+            peers.watch = watch_peers(config.checkpoint.preempted_exit_code)
 
         plan = resolve(config)
     except UserError as e:
@@ -61,7 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lp_jax.training.stop_signal import EXIT_INTERRUPTED, Interrupted
 
     try:
-        result = run(plan)
+        try:
+            result = run(plan)
+        except Exception as e:
+            if peers.watch is not None and not isinstance(e, UserError):
+                peers.watch.settle()  # a collective that failed because a process died
+            raise
     except UserError as e:  # found once the run opens its data and checkpoints
         print(f"train.py: error: {e}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
