@@ -30,14 +30,23 @@ from jax import lax
 from lp_jax.config.schema import EP_DISPATCH_DTYPES
 from lp_jax.numerics.quantize import dequantize
 from lp_jax.numerics.quantized_tensor import QuantizedTensor
+from lp_jax.numerics.registry import Format, format_named, names_where
 from lp_jax.quantizer import quantize
 from lp_jax.recipes import Recipe
 
 # The MoE layer's attribute that holds the dispatch's encoding (models.moe.MoE).
 CODEC_ATTRIBUTE = "dispatch_codec"
+
+
+def _dispatchable(f: Format) -> bool:
+    """E4M3 values with block scales alone (no tensor scale): the rows decode exactly from
+    the packed bytes, and a recipe quantizing its GEMM's input to the same format gets the
+    same values back (MXFP8, FP8 block scaling)."""
+    return f.element == jnp.float8_e4m3fn and f.block is not None and not f.tensor_scale
+
+
 # Formats whose dequantized rows a recipe's expert GEMM quantizes back to the same values.
-SAME_AS_GEMM = ("mxfp8", "fp8_block")
-_SCALE_DTYPES = {"mxfp8": jnp.float8_e8m0fnu, "fp8_block": jnp.float32}
+SAME_AS_GEMM = names_where(_dispatchable)
 
 
 def _as_bytes(a):
@@ -72,23 +81,23 @@ class FP8Dispatch:
 
     def decode(self, packed, d: int, dtype):
         data = _from_bytes(packed[..., :d], jnp.float8_e4m3fn)
-        scale = _from_bytes(packed[..., d:], _SCALE_DTYPES[self.fmt])
+        scale = _from_bytes(packed[..., d:], format_named(self.fmt).scale)
         # Power-of-two scales and 4-bit significands: exact in any activation dtype.
         return dequantize(QuantizedTensor(data, scale, None, self.fmt, packed.ndim - 1)).astype(dtype)
 
     def row_bytes(self, d: int) -> int:
         """Bytes one dispatched row of ``d`` values takes."""
-        blocks = -(-d // (32 if self.fmt == "mxfp8" else 128))
-        return d + blocks * jnp.dtype(_SCALE_DTYPES[self.fmt]).itemsize
+        f = format_named(self.fmt)
+        return d + -(-d // f.block) * jnp.dtype(f.scale).itemsize
 
 
 def fp8_dispatch(recipe: Recipe) -> FP8Dispatch:
     """The FP8 dispatch for ``recipe``: its expert GEMM's own input format where that is
     MXFP8 or FP8 block scaling, else DeepSeek-V3's E4M3 in 1x128 blocks."""
     spec = recipe.fprop_x
-    if spec.fmt == "mxfp8":
-        return FP8Dispatch("mxfp8", spec.scale_rule, spec.quantize_impl)
-    return FP8Dispatch("fp8_block")  # FP8 block scaling's XLA quantizer (it has no Pallas one)
+    if spec.fmt is not None and _dispatchable(format_named(spec.fmt)):
+        return FP8Dispatch(spec.fmt, spec.scale_rule, spec.quantize_impl)
+    return FP8Dispatch("fp8_block")
 
 
 def set_expert_dispatch(model, recipe: Recipe, dtype: str) -> list[str]:

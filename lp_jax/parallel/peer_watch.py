@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Callable
 
-KEY = "lp_jax/peer_watch"  # process 0's host:port in the coordination service's key-value store
+KEY = "lp-jax-peer-watch"  # process 0's host:port in the coordination service's key-value store
 CONNECT_TIMEOUT_S = 60.0  # how long the others wait for process 0 to publish its address
 SILENT_HOST_S = 30  # keepalive: idle 10 s, then 4 probes 5 s apart
 SETTLE_S = 5.0  # a failed collective waits this long for the watch to name a dead process
