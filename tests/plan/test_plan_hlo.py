@@ -207,6 +207,52 @@ def test_a_slice_update_through_a_bitcast_of_the_buffer_is_in_place():
     assert k.bytes == 64 * 32 * 4 + 4 + 64 * 32 * 4  # the slice read, the index, the slice written
 
 
+READ_MODIFY_WRITE = """HloModule read_modify_write
+
+%fused_update (buf: bf16[4096,64], w: bf16[128,64], i: s32[], keep: pred[128,64]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %keep = pred[128,64]{1,0} parameter(3)
+  %z = s32[] constant(0)
+  %old = bf16[128,64]{1,0} dynamic-slice(%buf, %i, %z), dynamic_slice_sizes={128,64}
+  %new = bf16[128,64]{1,0} select(%keep, %w, %old)
+  ROOT %dus = bf16[4096,64]{1,0} dynamic-update-slice(%buf, %new, %i, %z)
+}
+
+%fused_elsewhere (buf: bf16[4096,64], w: bf16[128,64], i: s32[], j: s32[]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %j = s32[] parameter(3)
+  %z = s32[] constant(0)
+  %old = bf16[128,64]{1,0} dynamic-slice(%buf, %j, %z), dynamic_slice_sizes={128,64}
+  %new = bf16[128,64]{1,0} add(%w, %old)
+  ROOT %dus = bf16[4096,64]{1,0} dynamic-update-slice(%buf, %new, %i, %z)
+}
+
+ENTRY %main (buf: bf16[4096,64], w: bf16[128,64], i: s32[], keep: pred[128,64], j: s32[]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %keep = pred[128,64]{1,0} parameter(3)
+  %j = s32[] parameter(4)
+  %same = bf16[4096,64]{1,0} fusion(%buf, %w, %i, %keep), kind=kLoop, calls=%fused_update
+  ROOT %other = bf16[4096,64]{1,0} fusion(%same, %w, %i, %j), kind=kLoop, calls=%fused_elsewhere
+}
+"""
+
+
+def test_a_window_read_and_written_back_in_place_counts_the_window():
+    """A fusion that reads a window of a buffer and writes it back at the same indices runs in
+    place on GPUs (XLA's in-place dynamic-update-slice emitter): it moves the window twice,
+    not the buffer. Read at other indices, the buffer counts whole."""
+    same, other = kernels(Module.parse(READ_MODIFY_WRITE))
+    window = 128 * 64 * 2
+    assert same.bytes == window + window + 4 + 128 * 64 + window  # old slice, w, i, keep, slice written
+    assert other.bytes == 4096 * 64 * 2 + window + 4 + 4 + window
+
+
 def _conditional(op_name):
     return f"""HloModule cond
 
