@@ -24,7 +24,7 @@ NOT_KERNELS = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
     "conditional", "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier",
     "domain", "get-dimension-size", "copy-done", "all-gather-done", "all-reduce-done",
-    "collective-permute-done", "async-done", "async-update", "send-done", "recv-done",
+    "all-to-all-done", "collective-permute-done", "async-done", "async-update", "send-done", "recv-done",
     "fusion-done",
 })
 # A fusion XLA runs asynchronously (a dynamic-update-slice into a loop buffer, overlapped with

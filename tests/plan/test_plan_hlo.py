@@ -94,6 +94,22 @@ ENTRY %main (g: f32[1024,1024]) -> f32[1024,1024] {
 """
 
 
+ALL_TO_ALL = """HloModule a2a
+
+ENTRY %main (x: bf16[8,1024,256]) -> bf16[8,1024,256] {
+  %x = bf16[8,1024,256]{2,1,0} parameter(0)
+  %a2as = ((bf16[8,1024,256]{2,1,0}), bf16[8,1024,256]{2,1,0}) all-to-all-start(%x), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  ROOT %a2ad = bf16[8,1024,256]{2,1,0} all-to-all-done(%a2as)
+}
+"""
+
+
+def test_an_async_all_to_all_is_one_collective_and_its_done_moves_no_hbm_bytes():
+    (k,) = kernels(Module.parse(ALL_TO_ALL), device_count=8)
+    assert k.name == "a2as" and k.collective == "all-to-all" and k.is_async and k.bytes == 8 * 1024 * 256 * 2
+    assert estimate([k], GPUS["gb200"], 8).hbm_bytes == 0
+
+
 def test_shapes_count_their_bytes_and_pack_four_bit_types():
     assert shape_bytes("bf16[64,128]{1,0}") == 64 * 128 * 2
     assert shape_bytes("(f32[8]{0}, u8[0]{0})") == 32
