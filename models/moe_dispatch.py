@@ -18,6 +18,11 @@ GPUs, and is differentiable: its transpose is the reverse all-to-all).
 ("HLO opcode ragged-all-to-all is not supported", JAX 0.11.2 and 0.12.1), so the CPU tests
 could not check it.
 
+The rows move between layouts by gathers that place each row at most once (sorted rows into
+the send buffers, received rows into the grouped layout, and both back): their backward
+gathers with the inverse map (``models.row_permutation``) rather than scatter-adding over
+the worst-case buffers.
+
 Each receiving device orders its rows by local expert, then by source rank, then as the
 source sent them (token order): with the batch split over expert ranks in order, expert
 ``e``'s rows are exactly the rows one device running the whole batch groups for ``e``, in
@@ -44,6 +49,8 @@ from flax.core import spmd
 from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
+
+from models.row_permutation import gather_rows
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -179,10 +186,14 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     send = jnp.sum(counts, axis=1)
     send_start = jnp.cumsum(send) - send
     slot = jnp.arange(capacity)
+    # Slot s of buffer r holds sorted row send_start[r] + s, or nothing (tokens * k);
+    # sorted row i sits in buffer rank_of_row[i] at slot_of_row[i].
     in_buffer = slot[None, :] < send[:, None]  # [ep, capacity]
-    source_row = jnp.minimum(send_start[:, None] + slot[None, :], tokens * k - 1)
-    x_rows = x_TxD[token_of_row]
-    outgoing = jnp.where(in_buffer[..., None], x_rows[source_row], 0).astype(x_TxD.dtype)
+    source_row = jnp.where(in_buffer, send_start[:, None] + slot[None, :], tokens * k).reshape(-1)
+    rank_of_row = flat[order] // per_rank
+    slot_of_row = jnp.arange(tokens * k) - send_start[rank_of_row]
+    buffer_row = rank_of_row * capacity + slot_of_row
+    outgoing = gather_rows(x_TxD[token_of_row], source_row, buffer_row).reshape(ep, capacity, d)
 
     incoming = send_rows(outgoing, axis, codec)  # [source rank, capacity, D]
     got = lax.all_to_all(counts, axis, 0, 0)  # [source rank, local expert]: rows received
@@ -203,18 +214,16 @@ def _dispatch_run_combine(run_experts, x_TxD, weights_TxK, experts_TxK, kernels,
     # The inverse permutation, so that both directions are gathers.
     source_of = jnp.full((rows_total,), rows_total, jnp.int32).at[dest].set(
         jnp.arange(rows_total, dtype=jnp.int32), mode="drop")
-    flat_in = incoming.reshape(rows_total, d)
-    grouped = jnp.where((source_of < rows_total)[:, None], flat_in[jnp.minimum(source_of, rows_total - 1)], 0)
+    grouped = gather_rows(incoming.reshape(rows_total, d), source_of, dest)
 
     first_group = lax.axis_index(axis) * per_rank
     # Under even routing a rank receives as many rows as it sends (tokens x k), 1/ep of the
     # worst case when k <= E / ep: the plan costs the expert GEMMs for those.
     out_rows = run_experts(grouped.astype(x_TxD.dtype), group, kernels, first_group, tokens * k)
 
-    back = jnp.where(received.reshape(-1)[:, None], out_rows[jnp.minimum(dest, rows_total - 1)], 0)
-    returned = lax.all_to_all(back.reshape(ep, capacity, -1).astype(out_rows.dtype), axis, 0, 0)
+    back = gather_rows(out_rows, dest, source_of)
+    returned = lax.all_to_all(back.reshape(ep, capacity, -1), axis, 0, 0)
 
-    # Row i of this device's sorted rows went to rank r at slot i - send_start[r].
-    rank_of_row = flat[order] // per_rank
-    slot_of_row = jnp.arange(tokens * k) - send_start[rank_of_row]
-    return combine(returned[rank_of_row, slot_of_row], order, token_of_row, weights_TxK, tokens)
+    # Row i of this device's sorted rows came back from rank r at slot i - send_start[r].
+    rows_back = gather_rows(returned.reshape(rows_total, -1), buffer_row, source_row)
+    return combine(rows_back, order, token_of_row, weights_TxK, tokens)

@@ -132,26 +132,39 @@ class _WindowGemm:
         return jax_core.jaxpr_as_fun(jax_core.ClosedJaxpr(self.closed.jaxpr, consts))(x_g, w_g, g)[0]
 
 
-def _rows(t_pad, start, size, rows):
-    """The group's rows of ``t_pad`` in its window of ``rows`` rows, the rest zero, written
-    out once: fused into its consumers, XLA:CPU would slice and mask per read (the NVFP4
-    wgrad RHT reads each element 16 times: 1.7x the step of the same windows without it)."""
+def _rows(t, start, size, rows):
+    """The group's rows of ``t`` (``size`` rows from ``start``) at the top of a window of
+    ``rows`` rows, the rest zero, written out once: fused into its consumers, XLA:CPU would
+    slice and mask per read (the NVFP4 wgrad RHT reads each element 16 times: 1.7x the step
+    of the same windows without it). Only the window is read: a window that would reach
+    past ``t`` is read from ``rows`` rows that end at its end and rolled up (no padded copy
+    of ``t``)."""
+    t = _padded(t, rows - t.shape[0]) if rows > t.shape[0] else t  # the largest window only
+    at = jnp.minimum(start, t.shape[0] - rows)
+    window = jnp.roll(lax.dynamic_slice_in_dim(t, at, rows), at - start, axis=0)
     in_group = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) < size
-    window = jnp.where(in_group, lax.dynamic_slice_in_dim(t_pad, start, rows), 0)
-    return lax.optimization_barrier(window)
+    return lax.optimization_barrier(jnp.where(in_group, window, 0))
+
+
+def _placed(out, y_g, start, size):
+    """``out`` with its rows ``start .. start + size`` replaced by the first ``size`` rows of
+    the window ``y_g``, every other row as it was (rows past the groups stay zero, so a
+    non-finite weight times the window's zero rows lands nowhere). Writes the window's
+    length in place, placed as ``_rows`` reads it."""
+    rows, m = y_g.shape[0], out.shape[0]
+    if rows > m:  # the largest window, longer than out (M not a multiple of 128)
+        row = lax.broadcasted_iota(jnp.int32, (m, 1), 0)
+        return jnp.where((row >= start) & (row < start + size), jnp.roll(y_g, start, axis=0)[:m], out)
+    at = jnp.minimum(start, m - rows)
+    row = lax.broadcasted_iota(jnp.int32, (rows, 1), 0) + at
+    update = jnp.where((row >= start) & (row < start + size), jnp.roll(y_g, start - at, axis=0),
+                       lax.dynamic_slice_in_dim(out, at, rows))
+    return lax.dynamic_update_slice_in_dim(out, update, at, 0)
 
 
 def _padded(t, rows):
-    """``t`` with ``rows`` zero rows after it: every window's dynamic slice stays in bounds
-    (a clamped slice would shift its rows)."""
+    """``t`` with ``rows`` zero rows after it."""
     return jnp.concatenate([t, jnp.zeros((rows,) + t.shape[1:], t.dtype)])
-
-
-def _past_groups_zero(t, sizes):
-    """``t`` with its rows past the last group (group_sizes summing to less than M) zero, as
-    in ``lax.ragged_dot``: windows reaching past the groups wrote their zero rows' products
-    there (not zero with a non-finite weight)."""
-    return jnp.where(lax.broadcasted_iota(jnp.int32, (t.shape[0], 1), 0) < jnp.sum(sizes), t, 0)
 
 
 def _over_groups(step, carry, xs):
@@ -177,18 +190,18 @@ def _switch(gemms, expected, size, branch, *operands):
         return lax.switch(which, [branch(gemm, i) for i, gemm in enumerate(gemms)], *operands)
 
 
-# Each group's window output is written over the buffer at its first row, in group order:
-# its rows past the group (zero inputs) land on later groups' rows, which those groups
-# write again, or past M. The backward writes dgrad windows the same way.
+# Each group's window output is written over the buffer's rows of the group alone (the
+# window's other rows are the products of zero rows), so rows past the groups stay zero.
+# The backward writes dgrad windows the same way. No operand is padded: a window near the
+# end of a buffer is read and written at the buffer's end (``_rows``, ``_placed``).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _grouped(gemms, expected, x, w, sizes, first, traced):
-    m, last = x.shape[0], gemms[-1].rows
-    x_pad, starts = _padded(x, last), jnp.cumsum(sizes) - sizes
+    starts = jnp.cumsum(sizes) - sizes
 
     def branch(gemm, i):
         def run(out, g, w_g, start, size):
-            y_g = gemm(traced[i], _rows(x_pad, start, size, gemm.rows), w_g, g)
-            return lax.dynamic_update_slice_in_dim(out, y_g, start, 0)
+            y_g = gemm(traced[i], _rows(x, start, size, gemm.rows), w_g, g)
+            return _placed(out, y_g, start, size)
         return run
 
     def group(out, xs):
@@ -196,9 +209,9 @@ def _grouped(gemms, expected, x, w, sizes, first, traced):
         return _switch(gemms, expected, size, branch, out, g, w_g, start, size), None
 
     y_aval = gemms[0].closed.out_avals[0]
-    out = jnp.zeros((m + last, y_aval.shape[1]), y_aval.dtype)
+    out = jnp.zeros((x.shape[0], y_aval.shape[1]), y_aval.dtype)
     groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first
-    return _past_groups_zero(_over_groups(group, out, (groups, w, starts, sizes))[0][:m], sizes)
+    return _over_groups(group, out, (groups, w, starts, sizes))[0]
 
 
 def _grouped_fwd(gemms, expected, x, w, sizes, first, traced):
@@ -210,8 +223,7 @@ def _grouped_bwd(gemms, expected, res, dy):
     """Each group's dgrad and wgrad: the VJP of its window's GEMM (dot_general's own), run
     in that window only, so no cotangent of the whole buffer arises per group."""
     x, w, sizes, first, traced = res
-    m, last = x.shape[0], gemms[-1].rows
-    x_pad, dy_pad, starts = _padded(x, last), _padded(dy, last), jnp.cumsum(sizes) - sizes
+    starts = jnp.cumsum(sizes) - sizes
     # Traced floating values a GEMM closes over get their cotangents (e.g. statistics taps).
     inexact = [[j for j, t in enumerate(ts) if jnp.issubdtype(t.dtype, jnp.inexact)] for ts in traced]
 
@@ -225,12 +237,12 @@ def _grouped_bwd(gemms, expected, res, dy):
                     ts[j] = t
                 return gemm(ts, x_g, w_g, g)
 
-            _, vjp = jax.vjp(window_gemm, _rows(x_pad, start, size, gemm.rows), w_g,
+            _, vjp = jax.vjp(window_gemm, _rows(x, start, size, gemm.rows), w_g,
                              [traced[i][j] for j in inexact[i]])
-            dx_g, dw_g, d_floats = vjp(_rows(dy_pad, start, size, gemm.rows))
+            dx_g, dw_g, d_floats = vjp(_rows(dy, start, size, gemm.rows))
             d_traced = [[a + b for a, b in zip(ds, d_floats)] if k == i else ds
                         for k, ds in enumerate(d_traced)]
-            return (lax.dynamic_update_slice_in_dim(dx, dx_g, start, 0), d_traced), dw_g
+            return (_placed(dx, dx_g, start, size), d_traced), dw_g
         return run
 
     def group(carry, xs):
@@ -239,11 +251,11 @@ def _grouped_bwd(gemms, expected, res, dy):
 
     d_floats = [[jnp.zeros_like(traced[i][j]) for j in js] for i, js in enumerate(inexact)]
     groups = jnp.arange(w.shape[0], dtype=jnp.uint32) + first
-    (dx, d_floats), dw = _over_groups(group, (jnp.zeros((m + last, x.shape[1]), x.dtype), d_floats),
+    (dx, d_floats), dw = _over_groups(group, (jnp.zeros(x.shape, x.dtype), d_floats),
                                       (groups, w, starts, sizes))
     d_traced = tuple(tuple(d_floats[i][js.index(j)] if j in js else None for j in range(len(ts)))
                      for i, (ts, js) in enumerate(zip(traced, inexact)))
-    return _past_groups_zero(dx[:m], sizes), dw, None, None, d_traced
+    return dx, dw, None, None, d_traced
 
 
 _grouped.defvjp(_grouped_fwd, _grouped_bwd)

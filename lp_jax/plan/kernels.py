@@ -24,7 +24,7 @@ NOT_KERNELS = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
     "conditional", "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier",
     "domain", "get-dimension-size", "copy-done", "all-gather-done", "all-reduce-done",
-    "collective-permute-done", "async-done", "async-update", "send-done", "recv-done",
+    "all-to-all-done", "collective-permute-done", "async-done", "async-update", "send-done", "recv-done",
     "fusion-done",
 })
 # A fusion XLA runs asynchronously (a dynamic-update-slice into a loop buffer, overlapped with
@@ -132,25 +132,43 @@ def _sliced_elements(comp, name: str) -> int | None:
     return total
 
 
-def _updated_in_place(comp, name: str) -> bool:
-    """Whether every use of ``name`` is the buffer a dynamic-update-slice writes into, directly
-    or through bitcasts (a bitcast moves no bytes: XLA bitcasts a stacked buffer whose
-    layout puts the layer axis inside, and still updates it in place)."""
+def _updated_in_place(comp, name: str) -> int | None:
+    """Elements of ``name`` a fusion reads when it updates ``name`` in place, else None.
+
+    In place: every use of ``name`` is the buffer a dynamic-update-slice writes into,
+    directly or through bitcasts (a bitcast moves no bytes: XLA bitcasts a stacked buffer
+    whose layout puts the layer axis inside, and still updates it in place), or a
+    dynamic-slice of it at an update's start indices (XLA's GPU emitter updates in place
+    then too, reading only that slice first: a read-modify-write of a window)."""
     users = _users(comp, name)
-    return bool(users) and all(
-        _updated_in_place(comp, u.name) if u.opcode == "bitcast" else
-        (u.opcode == "dynamic-update-slice" and u.operands[0] == name) for u in users)
+    starts = {tuple(u.operands[2:]) for u in users
+              if u.opcode == "dynamic-update-slice" and u.operands[0] == name}
+    read, updated = 0, bool(starts)
+    for u in users:
+        if u.opcode == "bitcast":
+            inner = _updated_in_place(comp, u.name)
+            if inner is None:
+                return None
+            read, updated = read + inner, True
+        elif u.opcode == "dynamic-update-slice" and u.operands[0] == name:
+            continue
+        elif u.opcode == "dynamic-slice" and u.operands[0] == name and tuple(u.operands[1:]) in starts:
+            read += math.prod(_dims(u.shape))
+        else:
+            return None
+    return read if updated else None
 
 
 def _param_read_bytes(comp, param: Instruction) -> int:
     """What a fused parameter reads: the slices taken of it when every use is a slice (or an
     elementwise op of one whose every use is), nothing when every use is the buffer a
-    dynamic-update-slice writes into."""
-    if _updated_in_place(comp, param.name):
-        return 0
+    dynamic-update-slice writes into (or only the slice it reads there first)."""
+    full = math.prod(_dims(param.shape)) or 1
+    in_place = _updated_in_place(comp, param.name)
+    if in_place is not None:
+        return shape_bytes(param.shape) * in_place // full
     sliced = _sliced_elements(comp, param.name)
     if sliced is not None:
-        full = math.prod(_dims(param.shape)) or 1
         return min(shape_bytes(param.shape), shape_bytes(param.shape) * sliced // full)
     return shape_bytes(param.shape)
 

@@ -94,6 +94,22 @@ ENTRY %main (g: f32[1024,1024]) -> f32[1024,1024] {
 """
 
 
+ALL_TO_ALL = """HloModule a2a
+
+ENTRY %main (x: bf16[8,1024,256]) -> bf16[8,1024,256] {
+  %x = bf16[8,1024,256]{2,1,0} parameter(0)
+  %a2as = ((bf16[8,1024,256]{2,1,0}), bf16[8,1024,256]{2,1,0}) all-to-all-start(%x), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  ROOT %a2ad = bf16[8,1024,256]{2,1,0} all-to-all-done(%a2as)
+}
+"""
+
+
+def test_an_async_all_to_all_is_one_collective_and_its_done_moves_no_hbm_bytes():
+    (k,) = kernels(Module.parse(ALL_TO_ALL), device_count=8)
+    assert k.name == "a2as" and k.collective == "all-to-all" and k.is_async and k.bytes == 8 * 1024 * 256 * 2
+    assert estimate([k], GPUS["gb200"], 8).hbm_bytes == 0
+
+
 def test_shapes_count_their_bytes_and_pack_four_bit_types():
     assert shape_bytes("bf16[64,128]{1,0}") == 64 * 128 * 2
     assert shape_bytes("(f32[8]{0}, u8[0]{0})") == 32
@@ -205,6 +221,52 @@ def test_a_slice_update_through_a_bitcast_of_the_buffer_is_in_place():
     the update; the kernel still writes one layer's slice, not the whole buffer."""
     (k,) = kernels(Module.parse(BITCAST_SLICE_UPDATE))
     assert k.bytes == 64 * 32 * 4 + 4 + 64 * 32 * 4  # the slice read, the index, the slice written
+
+
+READ_MODIFY_WRITE = """HloModule read_modify_write
+
+%fused_update (buf: bf16[4096,64], w: bf16[128,64], i: s32[], keep: pred[128,64]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %keep = pred[128,64]{1,0} parameter(3)
+  %z = s32[] constant(0)
+  %old = bf16[128,64]{1,0} dynamic-slice(%buf, %i, %z), dynamic_slice_sizes={128,64}
+  %new = bf16[128,64]{1,0} select(%keep, %w, %old)
+  ROOT %dus = bf16[4096,64]{1,0} dynamic-update-slice(%buf, %new, %i, %z)
+}
+
+%fused_elsewhere (buf: bf16[4096,64], w: bf16[128,64], i: s32[], j: s32[]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %j = s32[] parameter(3)
+  %z = s32[] constant(0)
+  %old = bf16[128,64]{1,0} dynamic-slice(%buf, %j, %z), dynamic_slice_sizes={128,64}
+  %new = bf16[128,64]{1,0} add(%w, %old)
+  ROOT %dus = bf16[4096,64]{1,0} dynamic-update-slice(%buf, %new, %i, %z)
+}
+
+ENTRY %main (buf: bf16[4096,64], w: bf16[128,64], i: s32[], keep: pred[128,64], j: s32[]) -> bf16[4096,64] {
+  %buf = bf16[4096,64]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %i = s32[] parameter(2)
+  %keep = pred[128,64]{1,0} parameter(3)
+  %j = s32[] parameter(4)
+  %same = bf16[4096,64]{1,0} fusion(%buf, %w, %i, %keep), kind=kLoop, calls=%fused_update
+  ROOT %other = bf16[4096,64]{1,0} fusion(%same, %w, %i, %j), kind=kLoop, calls=%fused_elsewhere
+}
+"""
+
+
+def test_a_window_read_and_written_back_in_place_counts_the_window():
+    """A fusion that reads a window of a buffer and writes it back at the same indices runs in
+    place on GPUs (XLA's in-place dynamic-update-slice emitter): it moves the window twice,
+    not the buffer. Read at other indices, the buffer counts whole."""
+    same, other = kernels(Module.parse(READ_MODIFY_WRITE))
+    window = 128 * 64 * 2
+    assert same.bytes == window + window + 4 + 128 * 64 + window  # old slice, w, i, keep, slice written
+    assert other.bytes == 4096 * 64 * 2 + window + 4 + 4 + window
 
 
 def _conditional(op_name):
