@@ -108,7 +108,8 @@ def main() -> None:
             estimate_columns=["TFLOP/s per GPU", "tokens/s per GPU", "x BF16"],
             note="Expert parallelism over the 8 GPUs, micro-batch 1, remat full, scanned layers; expert "
                  "GEMMs costed under balanced routing (each group's window for an even share of the routed "
-                 "rows); \"FP8 dispatch\": mesh.ep_dispatch_dtype=fp8 on MXFP8's command. "
+                 "rows). " + ("\"FP8 dispatch\": mesh.ep_dispatch_dtype=fp8 on MXFP8's command. "
+                             if (args.folder / "mxfp8-fp8_dispatch.json").exists() else "")
                  + BRIDGE_30B_A3B)
         print(f"wrote {path.relative_to(ROOT)}")
         return
