@@ -151,18 +151,21 @@ def read_documents(source: InputFile, text_field: str = "text", skipped: Counter
 def _text_documents(path: str, skipped: Counter, replaced: Counter,
                     strict: bool) -> Iterator[tuple[int, str | None]]:
     # Some stdlib test files are deliberately not UTF-8, and real corpora hold a few bad
-    # bytes: replacing keeps them as text, and the count says how much was replaced.
+    # bytes: replacing keeps them as text, and the count says how much was replaced. The
+    # bytes are read once; the text is decoded from them as text mode reads a file (its
+    # newline handling included).
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        invalid = text.count(_REPLACEMENT)
-        if invalid:
-            invalid -= _encoded_replacements(path)
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as e:
         raise InputError(f"{path}: cannot be read: {e.strerror or e}") from None
+    text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="replace").read()
+    # U+FFFD the file holds as valid UTF-8 (EF BF BD) was text, not a replacement (EF never
+    # continues a sequence, so each such triple decodes as itself).
+    invalid = text.count(_REPLACEMENT) - raw.count(b"\xef\xbf\xbd") if _REPLACEMENT in text else 0
     if invalid and strict:
         raise InputError(f"{path}: {invalid:,} byte sequence(s) that are not UTF-8, the first "
-                         f"at byte {_first_invalid(path):,}; --invalid-utf8 replace reads each "
+                         f"at byte {_first_invalid(raw):,}; --invalid-utf8 replace reads each "
                          "as U+FFFD and counts them")
     if invalid:
         replaced[INVALID_UTF8] += invalid
@@ -173,22 +176,12 @@ def _text_documents(path: str, skipped: Counter, replaced: Counter,
         yield 0, text
 
 
-def _encoded_replacements(path: str) -> int:
-    """How many U+FFFD the file holds as valid UTF-8 (EF BF BD): those were text, not a
-    replacement. (EF never continues a sequence, so each such triple decodes as itself.)
-    Read only for a file whose text holds U+FFFD; a text file is one document in memory
-    anyway."""
-    with open(path, "rb") as f:
-        return f.read().count(b"\xef\xbf\xbd")
-
-
-def _first_invalid(path: str) -> int:
-    with open(path, "rb") as f:
-        try:
-            f.read().decode("utf-8")
-        except UnicodeDecodeError as e:
-            return e.start
-    return -1  # (not reached: the file held an invalid sequence)
+def _first_invalid(raw: bytes) -> int:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start
+    return -1  # (not reached: the bytes held an invalid sequence)
 
 
 def _open_lines(path: str):
