@@ -84,8 +84,7 @@ def describe(text: str) -> str:
 
 
 class _Held:
-    def __init__(self, file):
-        self.file = file
+    def __init__(self):
         self.dropped = False
 
     def clear(self) -> None:
@@ -101,10 +100,10 @@ def _stderr_held() -> Iterator[_Held]:
             sys.stderr.flush()
         saved = os.dup(2)
     except (OSError, ValueError):  # no stderr to hold (closed): encode without
-        yield _Held(None)
+        yield _Held()
         return
     with tempfile.TemporaryFile() as file:
-        held = _Held(file)
+        held = _Held()
         os.dup2(file.fileno(), 2)
         try:
             yield held
